@@ -1,0 +1,1 @@
+//! Host KVM capability probe (to be written).
