@@ -1,13 +1,23 @@
-//! Command-line interface (clap).
+//! Command-line interface (clap). Exit codes follow the CLI contract: 0 success, 1 invalid
+//! spec / failed pipeline, 2 usage or I/O error, 3 environment (no KVM, no guest image).
 
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::diagnostic::FileReport;
+use crate::plan::render::{render, GraphFormat};
+use crate::plan::Plan;
+use crate::spec::model::SandboxMode;
+use crate::validate::{validate_file, Validated};
 
 /// voidbox — declarative pipelines, every node in a fresh KVM micro-VM.
 #[derive(Debug, Parser)]
 #[command(name = "voidbox", version, about, long_about = None)]
 pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -15,9 +25,58 @@ pub struct Cli {
 /// Top-level subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Validate spec files, or directories searched recursively for *.yaml / *.yml.
+    Validate(ValidateArgs),
+    /// Render the stage DAG of a spec.
+    Graph(GraphArgs),
+    /// Print the JSON Schema of the spec language.
+    Schema,
+    /// Run a spec (`--dry-run` prints the plan without running anything).
+    Apply(ApplyArgs),
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
+}
+
+/// `voidbox validate` arguments.
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// Spec files or directories (default: the current directory).
+    pub paths: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
+    pub format: ReportFormat,
+}
+
+/// Diagnostic output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// Source snippets with labels and help (miette).
+    Human,
+    /// One JSON document with every diagnostic.
+    Json,
+    /// GitHub Actions annotations (`::error file=…,line=…,col=…::…`).
+    Github,
+}
+
+/// `voidbox graph` arguments.
+#[derive(Debug, clap::Args)]
+pub struct GraphArgs {
+    /// The spec file.
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
+    pub format: GraphFormat,
+}
+
+/// `voidbox apply` arguments.
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The spec file.
+    pub file: PathBuf,
+    /// Print the plan and exit without starting any VM.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Entry point of the `voidbox` binary.
@@ -26,10 +85,243 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     match cli.command {
+        Command::Validate(args) => validate_cmd(&args),
+        Command::Graph(args) => graph_cmd(&args),
+        Command::Schema => {
+            print!("{}", crate::spec::schema::schema_json());
+            ExitCode::SUCCESS
+        }
+        Command::Apply(args) => apply_cmd(&args),
         Command::Image(cmd) => crate::image::run_cli(cmd),
     }
+}
+
+fn color_stdout() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+fn color_stderr() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Expands the given paths into spec files (directories recursively, sorted, hidden
+/// directories skipped). Errors are I/O problems with a path.
+pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {}", p.display(), io_text(&e)))?;
+        if !meta.is_dir() {
+            files.push(p.clone());
+            continue;
+        }
+        let before = files.len();
+        let walker = walkdir::WalkDir::new(p)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| {
+                e.depth() == 0
+                    || !(e.file_type().is_dir()
+                        && e.file_name().to_string_lossy().starts_with('.'))
+            });
+        for entry in walker {
+            let entry = entry.map_err(|e| {
+                let path = e.path().map_or_else(|| p.display().to_string(), |x| x.display().to_string());
+                let reason = e.io_error().map_or_else(|| e.to_string(), io_text);
+                format!("{path}: {reason}")
+            })?;
+            let is_yaml = entry
+                .path()
+                .extension()
+                .is_some_and(|x| x == "yaml" || x == "yml");
+            if entry.file_type().is_file() && is_yaml {
+                files.push(entry.into_path());
+            }
+        }
+        if files.len() == before {
+            return Err(format!("{}: no *.yaml or *.yml spec files found", p.display()));
+        }
+    }
+    Ok(files)
+}
+
+fn io_text(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn validate_cmd(args: &ValidateArgs) -> ExitCode {
+    let paths = if args.paths.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        args.paths.clone()
+    };
+    let files = match collect_spec_files(&paths) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut reports: Vec<FileReport> = Vec::with_capacity(files.len());
+    let mut io_errors = Vec::new();
+    for f in &files {
+        match validate_file(f) {
+            Ok(Validated { report, .. }) => reports.push(report),
+            Err(e) => io_errors.push(e.to_string()),
+        }
+    }
+    let invalid = reports.iter().filter(|r| r.has_errors()).count();
+    let errors: usize = reports
+        .iter()
+        .map(|r| r.diagnostics.iter().filter(|d| d.is_error()).count())
+        .sum();
+    let warnings: usize = reports
+        .iter()
+        .map(|r| r.diagnostics.iter().filter(|d| !d.is_error()).count())
+        .sum();
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        ReportFormat::Human => {
+            let color = color_stdout();
+            for r in &reports {
+                let _ = out.write_all(r.render_human(color).as_bytes());
+            }
+            let total = reports.len();
+            if invalid == 0 {
+                let _ = writeln!(
+                    out,
+                    "{total} spec file{} valid{}",
+                    if total == 1 { "" } else { "s" },
+                    plural_suffix(", ", warnings, "warning")
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "{invalid} of {total} spec file{} invalid: {}{}",
+                    if total == 1 { "" } else { "s" },
+                    plural_suffix("", errors, "error"),
+                    plural_suffix(", ", warnings, "warning")
+                );
+            }
+        }
+        ReportFormat::Github => {
+            for r in &reports {
+                let _ = out.write_all(r.render_github().as_bytes());
+            }
+        }
+        ReportFormat::Json => {
+            let files: Vec<serde_json::Value> = reports
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "path": r.path,
+                        "valid": !r.has_errors(),
+                        "diagnostics": r.located().collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            let doc = serde_json::json!({
+                "files": files,
+                "summary": {
+                    "files": reports.len(),
+                    "valid": reports.len() - invalid,
+                    "invalid": invalid,
+                    "errors": errors,
+                    "warnings": warnings,
+                    "io_errors": io_errors,
+                }
+            });
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        }
+    }
+    for e in &io_errors {
+        eprintln!("error: {e}");
+    }
+    if !io_errors.is_empty() {
+        ExitCode::from(2)
+    } else if invalid > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn plural_suffix(prefix: &str, n: usize, word: &str) -> String {
+    match n {
+        0 if !prefix.is_empty() => String::new(),
+        1 => format!("{prefix}1 {word}"),
+        n => format!("{prefix}{n} {word}s"),
+    }
+}
+
+/// Loads, validates and compiles a spec for `graph` / `apply`; on failure prints diagnostics
+/// to stderr and returns the exit code.
+fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
+    let v = match validate_file(file) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let color = color_stderr();
+    if !v.report.diagnostics.is_empty() {
+        eprint!("{}", v.report.render_human(color));
+    }
+    let Some(spec) = v.spec else {
+        return Err(ExitCode::from(invalid_code));
+    };
+    let dir = std::fs::canonicalize(file)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
+    Plan::compile(&spec, &dir).map_err(|e| {
+        eprintln!("error: {}: {e}", file.display());
+        ExitCode::from(invalid_code)
+    })
+}
+
+fn graph_cmd(args: &GraphArgs) -> ExitCode {
+    match load_plan(&args.file, 1) {
+        Ok(plan) => {
+            print!("{}", render(&plan, args.format));
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn apply_cmd(args: &ApplyArgs) -> ExitCode {
+    let plan = match load_plan(&args.file, 2) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if args.dry_run {
+        print!("{}", render(&plan, GraphFormat::Text));
+        return ExitCode::SUCCESS;
+    }
+    if plan.mode == SandboxMode::Mock {
+        eprintln!(
+            "error: {}: `sandbox.mode: mock` never runs anything, so `apply` refuses it\n  help: use `voidbox apply --dry-run {}` to see the plan, or set `mode: auto`",
+            args.file.display(),
+            args.file.display()
+        );
+        return ExitCode::from(2);
+    }
+    eprintln!(
+        "error: running pipelines needs the voidbox micro-VM runtime, which this build does not include yet\n  help: `voidbox apply --dry-run {}` prints the plan",
+        args.file.display()
+    );
+    ExitCode::from(3)
 }

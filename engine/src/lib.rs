@@ -5,7 +5,9 @@
 //! into a petgraph DAG ([`plan`]) and rendered or executed.
 
 pub mod cli;
+pub mod diagnostic;
 pub mod image;
 pub mod plan;
 pub mod spec;
+pub mod suggest;
 pub mod validate;

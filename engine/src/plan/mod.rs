@@ -1,1 +1,475 @@
-//! plan
+//! The execution plan: every spec kind compiled into one petgraph DAG.
+//!
+//! Nodes are boxes / steps with their resolved settings (sandbox defaults merged with per-box
+//! overrides, host paths made absolute); edges carry data flow. Pipelines record their stages
+//! and fan-out groups, whose outputs are merged as JSON arrays in declaration order.
+
+pub mod render;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+
+use crate::spec::model::{
+    Agent, AgentMode, Command, Kind, Llm, Mount, MountMode, OnFailure, Provider, Sandbox,
+    SandboxMode, SandboxOverride, SkillEntry, Spec, Stage,
+};
+
+/// A compiled spec.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The spec's name.
+    pub name: String,
+    /// The spec's kind.
+    pub kind: Kind,
+    /// Nodes and data-flow edges.
+    pub graph: DiGraph<PlanNode, Edge>,
+    /// Parallel fan-out groups, members in declaration order.
+    pub groups: Vec<Vec<NodeIndex>>,
+    /// Where the final output comes from.
+    pub output: Output,
+    /// Failure policy.
+    pub on_failure: OnFailure,
+    /// Wall-clock limit for the whole run.
+    pub timeout_secs: Option<u64>,
+    /// `sandbox.mode` of the spec.
+    pub mode: SandboxMode,
+}
+
+/// One node: one fresh micro-VM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanNode {
+    /// Box or step name (unique in the plan).
+    pub name: String,
+    /// What runs in the VM.
+    pub action: Action,
+    /// VM settings after merging overrides.
+    pub sandbox: NodeSandbox,
+    /// Time limit in seconds.
+    pub timeout_secs: Option<u64>,
+    /// Retries after a failed attempt.
+    pub retries: u32,
+    /// Where the node's input comes from.
+    pub input: Input,
+    /// The fan-out group the node belongs to.
+    pub group: Option<usize>,
+}
+
+/// What a node runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A program.
+    Command(Command),
+    /// An LLM agent with a prompt.
+    Agent(AgentAction),
+    /// An interactive environment (`kind: sandbox` without `run`): nothing to execute.
+    Shell,
+}
+
+/// An agent node's resolved settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentAction {
+    /// The task.
+    pub prompt: String,
+    /// Skills to install.
+    pub skills: Vec<SkillEntry>,
+    /// The LLM (the node's, else the spec's, else Claude).
+    pub llm: Llm,
+    /// Guest file the agent writes its result to.
+    pub output_file: Option<String>,
+    /// How the agent runs.
+    pub mode: AgentMode,
+}
+
+/// A node's VM settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSandbox {
+    /// Guest memory in MiB.
+    pub memory_mb: u64,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Network access.
+    pub network: bool,
+    /// Environment (an empty value means "copy the host's value at run time").
+    pub env: BTreeMap<String, String>,
+    /// Mounts with absolute host paths.
+    pub mounts: Vec<Mount>,
+    /// OCI root filesystem image.
+    pub image: Option<String>,
+    /// Guest kernel image override (absolute).
+    pub kernel: Option<PathBuf>,
+    /// Initramfs override (absolute).
+    pub initramfs: Option<PathBuf>,
+    /// Snapshot to restore from.
+    pub snapshot: Option<String>,
+}
+
+/// Where a node's input comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// The run's input (`--input`), if any.
+    RunInput,
+    /// Another node's output.
+    Node(NodeIndex),
+    /// A fan-out group's outputs merged into a JSON array in declaration order.
+    Group(usize),
+    /// Workflow dependencies: `input.json` is the `stdin` step's output when set, else the only
+    /// dependency's output, else an object keyed by dependency name.
+    Steps {
+        /// Dependencies in `depends_on` order.
+        deps: Vec<NodeIndex>,
+        /// The dependency piped to stdin.
+        stdin: Option<NodeIndex>,
+    },
+}
+
+/// Where the plan's final output comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// One node's output.
+    Node(NodeIndex),
+    /// A fan-out group's merged array.
+    Group(usize),
+    /// Several final workflow steps, merged as a JSON array in declaration order.
+    Merge(Vec<NodeIndex>),
+}
+
+/// A data-flow edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edge {
+    /// Sequential stage: the whole output flows on.
+    Pipe,
+    /// A fan-out member's output becomes element `index` of the merged array.
+    Merge {
+        /// Position in the merged array.
+        index: usize,
+    },
+    /// A workflow dependency.
+    DependsOn,
+    /// A workflow dependency whose output is piped to stdin.
+    Stdin,
+}
+
+/// Why a spec could not be compiled (validation normally catches all of these first).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A required block is missing.
+    #[error("`kind: {0}` requires a `{1}:` block")]
+    MissingSection(&'static str, &'static str),
+    /// A name is referenced but not declared.
+    #[error("unknown {0} `{1}`")]
+    Unknown(&'static str, String),
+    /// The workflow has a cycle.
+    #[error("dependency cycle involving `{0}`")]
+    Cycle(String),
+}
+
+impl Plan {
+    /// Compiles a validated spec. `spec_dir` is the directory relative paths resolve against.
+    pub fn compile(spec: &Spec, spec_dir: &Path) -> Result<Plan, PlanError> {
+        let mut b = Builder {
+            spec,
+            dir: spec_dir,
+            graph: DiGraph::new(),
+            groups: Vec::new(),
+        };
+        let output = match spec.kind {
+            Kind::Agent => b.agent()?,
+            Kind::Sandbox => b.sandbox_kind(),
+            Kind::Pipeline => b.pipeline()?,
+            Kind::Workflow => b.workflow()?,
+        };
+        if petgraph::algo::is_cyclic_directed(&b.graph) {
+            let name = b.graph.node_weights().next().map(|n| n.name.clone()).unwrap_or_default();
+            return Err(PlanError::Cycle(name));
+        }
+        Ok(Plan {
+            name: spec.name.clone(),
+            kind: spec.kind,
+            graph: b.graph,
+            groups: b.groups,
+            output,
+            on_failure: spec.on_failure,
+            timeout_secs: spec.timeout_secs,
+            mode: spec.sandbox.mode,
+        })
+    }
+
+    /// Nodes grouped by depth: level 0 has no inputs, level n depends on level < n.
+    /// Within a level, nodes are in declaration order.
+    pub fn levels(&self) -> Vec<Vec<NodeIndex>> {
+        let mut depth: HashMap<NodeIndex, usize> = HashMap::new();
+        let order = petgraph::algo::toposort(&self.graph, None).unwrap_or_default();
+        for n in &order {
+            let d = self
+                .graph
+                .edges_directed(*n, Direction::Incoming)
+                .map(|e| depth.get(&e.source()).map_or(0, |d| d + 1))
+                .max()
+                .unwrap_or(0);
+            depth.insert(*n, d);
+        }
+        let max = depth.values().copied().max().map_or(0, |m| m + 1);
+        let mut levels = vec![Vec::new(); max];
+        for n in self.graph.node_indices() {
+            if let Some(d) = depth.get(&n) {
+                levels[*d].push(n);
+            }
+        }
+        levels
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<NodeIndex> {
+        self.graph.node_indices().find(|i| self.graph[*i].name == name)
+    }
+}
+
+struct Builder<'a> {
+    spec: &'a Spec,
+    dir: &'a Path,
+    graph: DiGraph<PlanNode, Edge>,
+    groups: Vec<Vec<NodeIndex>>,
+}
+
+impl Builder<'_> {
+    fn resolve_sandbox(&self, over: Option<&SandboxOverride>) -> NodeSandbox {
+        let base: &Sandbox = &self.spec.sandbox;
+        let abs = |p: &str| self.dir.join(p);
+        let mut env = base.env.clone();
+        let mut mounts = base.mounts.clone();
+        if let Some(o) = over {
+            env.extend(o.env.clone());
+            mounts.extend(o.mounts.clone());
+        }
+        for m in &mut mounts {
+            m.host = abs(&m.host).to_string_lossy().into_owned();
+        }
+        NodeSandbox {
+            memory_mb: over.and_then(|o| o.memory_mb).unwrap_or(base.memory_mb),
+            vcpus: over.and_then(|o| o.vcpus).unwrap_or(base.vcpus),
+            network: over.and_then(|o| o.network).unwrap_or(base.network),
+            env,
+            mounts,
+            image: over.and_then(|o| o.image.clone()).or_else(|| base.image.clone()),
+            kernel: base.kernel.as_deref().map(abs),
+            initramfs: base.initramfs.as_deref().map(abs),
+            snapshot: over.and_then(|o| o.snapshot.clone()).or_else(|| base.snapshot.clone()),
+        }
+    }
+
+    fn llm(&self, own: Option<&Llm>) -> Llm {
+        own.or(self.spec.llm.as_ref()).cloned().unwrap_or(Llm {
+            provider: Provider::Claude,
+            model: None,
+            base_url: None,
+            api_key_env: None,
+        })
+    }
+
+    fn add(&mut self, node: PlanNode) -> NodeIndex {
+        self.graph.add_node(node)
+    }
+
+    fn agent(&mut self) -> Result<Output, PlanError> {
+        let agent: &Agent = self
+            .spec
+            .agent
+            .as_ref()
+            .ok_or(PlanError::MissingSection("agent", "agent"))?;
+        let node = PlanNode {
+            name: self.spec.name.clone(),
+            action: Action::Agent(AgentAction {
+                prompt: agent.prompt.clone(),
+                skills: agent.skills.clone(),
+                llm: self.llm(None),
+                output_file: agent.output_file.clone(),
+                mode: agent.mode,
+            }),
+            sandbox: self.resolve_sandbox(None),
+            timeout_secs: agent.timeout_secs,
+            retries: agent.retries.or(self.spec.retries).unwrap_or(0),
+            input: Input::RunInput,
+            group: None,
+        };
+        Ok(Output::Node(self.add(node)))
+    }
+
+    fn sandbox_kind(&mut self) -> Output {
+        let node = PlanNode {
+            name: self.spec.name.clone(),
+            action: self
+                .spec
+                .run
+                .clone()
+                .map_or(Action::Shell, Action::Command),
+            sandbox: self.resolve_sandbox(None),
+            timeout_secs: None,
+            retries: self.spec.retries.unwrap_or(0),
+            input: Input::RunInput,
+            group: None,
+        };
+        Output::Node(self.add(node))
+    }
+
+    fn pipeline(&mut self) -> Result<Output, PlanError> {
+        let pipeline = self
+            .spec
+            .pipeline
+            .as_ref()
+            .ok_or(PlanError::MissingSection("pipeline", "pipeline"))?;
+        let stages: Vec<Stage> = if pipeline.stages.is_empty() {
+            pipeline
+                .boxes
+                .iter()
+                .map(|b| Stage::Box { name: b.name.clone() })
+                .collect()
+        } else {
+            pipeline.stages.clone()
+        };
+        let mut prev: Option<Output> = None;
+        for stage in &stages {
+            let members: Vec<&str> = match stage {
+                Stage::Box { name } => vec![name.as_str()],
+                Stage::FanOut { boxes } => boxes.iter().map(String::as_str).collect(),
+            };
+            let group = matches!(stage, Stage::FanOut { .. }).then_some(self.groups.len());
+            let input = match &prev {
+                None => Input::RunInput,
+                Some(Output::Node(n)) => Input::Node(*n),
+                Some(Output::Group(g)) => Input::Group(*g),
+                Some(Output::Merge(_)) => Input::RunInput,
+            };
+            let mut indices = Vec::new();
+            for name in members {
+                let b = pipeline
+                    .boxes
+                    .iter()
+                    .find(|b| b.name == name)
+                    .ok_or_else(|| PlanError::Unknown("box", name.to_string()))?;
+                let action = match (&b.run, &b.prompt) {
+                    (Some(cmd), _) => Action::Command(cmd.clone()),
+                    (None, Some(prompt)) => Action::Agent(AgentAction {
+                        prompt: prompt.clone(),
+                        skills: b.skills.clone(),
+                        llm: self.llm(b.llm.as_ref()),
+                        output_file: None,
+                        mode: AgentMode::Task,
+                    }),
+                    (None, None) => return Err(PlanError::Unknown("action of box", name.to_string())),
+                };
+                let node = PlanNode {
+                    name: b.name.clone(),
+                    action,
+                    sandbox: self.resolve_sandbox(b.sandbox.as_ref()),
+                    timeout_secs: b.timeout_secs,
+                    retries: b.retries.or(self.spec.retries).unwrap_or(0),
+                    input: input.clone(),
+                    group,
+                };
+                let idx = self.add(node);
+                match &prev {
+                    Some(Output::Node(p)) => {
+                        self.graph.add_edge(*p, idx, Edge::Pipe);
+                    }
+                    Some(Output::Group(g)) => {
+                        for (i, m) in self.groups[*g].clone().into_iter().enumerate() {
+                            self.graph.add_edge(m, idx, Edge::Merge { index: i });
+                        }
+                    }
+                    _ => {}
+                }
+                indices.push(idx);
+            }
+            prev = Some(match group {
+                Some(g) => {
+                    self.groups.push(indices);
+                    Output::Group(g)
+                }
+                None => Output::Node(indices[0]),
+            });
+        }
+        prev.ok_or(PlanError::MissingSection("pipeline", "pipeline.boxes"))
+    }
+
+    fn workflow(&mut self) -> Result<Output, PlanError> {
+        let wf = self
+            .spec
+            .workflow
+            .as_ref()
+            .ok_or(PlanError::MissingSection("workflow", "workflow"))?;
+        let mut index: HashMap<&str, NodeIndex> = HashMap::new();
+        for step in &wf.steps {
+            let cmd = Command {
+                program: step.run.program.clone(),
+                args: step.run.args.clone(),
+                env: step.run.env.clone(),
+                workdir: step.run.workdir.clone(),
+            };
+            let node = PlanNode {
+                name: step.name.clone(),
+                action: Action::Command(cmd),
+                sandbox: self.resolve_sandbox(step.sandbox.as_ref()),
+                timeout_secs: step.timeout_secs,
+                retries: step.retries.or(self.spec.retries).unwrap_or(0),
+                input: Input::RunInput,
+                group: None,
+            };
+            index.insert(step.name.as_str(), self.add(node));
+        }
+        let lookup = |n: &str| {
+            index
+                .get(n)
+                .copied()
+                .ok_or_else(|| PlanError::Unknown("step", n.to_string()))
+        };
+        for step in &wf.steps {
+            let me = lookup(&step.name)?;
+            let stdin = step.stdin_source().map(lookup).transpose()?;
+            let mut deps = Vec::new();
+            for d in &step.depends_on {
+                let dep = lookup(d)?;
+                if deps.contains(&dep) {
+                    continue;
+                }
+                let edge = if Some(dep) == stdin { Edge::Stdin } else { Edge::DependsOn };
+                self.graph.add_edge(dep, me, edge);
+                deps.push(dep);
+            }
+            if !deps.is_empty() {
+                self.graph[me].input = Input::Steps { deps, stdin };
+            }
+        }
+        if let Some(out) = &wf.output_step {
+            return Ok(Output::Node(lookup(out)?));
+        }
+        let sinks: Vec<NodeIndex> = self
+            .graph
+            .node_indices()
+            .filter(|n| self.graph.edges_directed(*n, Direction::Outgoing).next().is_none())
+            .collect();
+        Ok(match sinks.as_slice() {
+            [one] => Output::Node(*one),
+            _ => Output::Merge(sinks),
+        })
+    }
+}
+
+impl NodeSandbox {
+    /// Mounts as `host:guest:mode` strings (for display).
+    pub fn mount_summary(&self) -> Vec<String> {
+        self.mounts
+            .iter()
+            .map(|m| {
+                let mode = match m.mode {
+                    MountMode::Ro => "ro",
+                    MountMode::Rw => "rw",
+                };
+                format!("{}:{}:{mode}", m.host, m.guest)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,293 @@
+//! Located diagnostics and their renderings (human via miette, JSON, GitHub annotations).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource};
+use serde::Serialize;
+
+use crate::spec::yaml::line_col;
+
+/// A byte range in a source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Span {
+    /// Byte offset of the first byte.
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Span {
+    /// A span from an offset and a length.
+    pub const fn new(offset: usize, len: usize) -> Self {
+        Self { offset, len }
+    }
+
+    /// The span from the start of `self` to the end of `other`.
+    pub fn to(self, other: Span) -> Span {
+        let end = (other.offset + other.len).max(self.offset + self.len);
+        Span::new(self.offset, end - self.offset)
+    }
+}
+
+/// How serious a diagnostic is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The spec is invalid.
+    Error,
+    /// The spec is valid but something deserves attention.
+    Warning,
+}
+
+/// A secondary location attached to a diagnostic ("first defined here").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Related {
+    /// Where.
+    pub span: Span,
+    /// What is there.
+    pub label: String,
+}
+
+/// One problem found in a spec file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Stable code such as `voidbox::unknown_field`.
+    pub code: &'static str,
+    /// Error or warning.
+    pub severity: Severity,
+    /// One-line description.
+    pub message: String,
+    /// Primary location.
+    pub span: Span,
+    /// Label under the primary location.
+    pub label: Option<String>,
+    /// Advice ("did you mean `timeout_secs`?").
+    pub help: Option<String>,
+    /// Secondary locations.
+    pub related: Vec<Related>,
+}
+
+impl Diagnostic {
+    /// An error at `span`.
+    pub fn error(code: &'static str, message: impl Into<String>, span: Span) -> Self {
+        Self {
+            code,
+            severity: Severity::Error,
+            message: message.into(),
+            span,
+            label: None,
+            help: None,
+            related: Vec::new(),
+        }
+    }
+
+    /// A warning at `span`.
+    pub fn warning(code: &'static str, message: impl Into<String>, span: Span) -> Self {
+        Self {
+            severity: Severity::Warning,
+            ..Self::error(code, message, span)
+        }
+    }
+
+    /// Adds a help line.
+    pub fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// Adds an optional help line.
+    pub fn with_help_opt(mut self, help: Option<String>) -> Self {
+        self.help = help;
+        self
+    }
+
+    /// Adds a label under the primary span.
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Adds a secondary location.
+    pub fn with_related(mut self, span: Span, label: impl Into<String>) -> Self {
+        self.related.push(Related {
+            span,
+            label: label.into(),
+        });
+        self
+    }
+
+    /// Whether this diagnostic makes the spec invalid.
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// All diagnostics of one file, with its source for rendering.
+#[derive(Debug, Clone)]
+pub struct FileReport {
+    /// The path as given by the user.
+    pub path: String,
+    /// The file's text (empty when it could not be read).
+    pub source: Arc<str>,
+    /// Problems, in source order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// A diagnostic with its resolved location, as printed in JSON.
+#[derive(Debug, Serialize)]
+pub struct LocatedDiagnostic<'a> {
+    /// The file.
+    pub file: &'a str,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column (characters).
+    pub column: usize,
+    /// Stable code.
+    pub code: &'a str,
+    /// Error or warning.
+    pub severity: Severity,
+    /// Description.
+    pub message: &'a str,
+    /// Advice, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub help: Option<&'a str>,
+}
+
+impl FileReport {
+    /// Whether any diagnostic is an error.
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+
+    /// 1-based line and column of a span.
+    pub fn location(&self, span: Span) -> (usize, usize) {
+        line_col(&self.source, span.offset)
+    }
+
+    /// Diagnostics with file/line/column resolved.
+    pub fn located(&self) -> impl Iterator<Item = LocatedDiagnostic<'_>> {
+        self.diagnostics.iter().map(|d| {
+            let (line, column) = self.location(d.span);
+            LocatedDiagnostic {
+                file: &self.path,
+                line,
+                column,
+                code: d.code,
+                severity: d.severity,
+                message: &d.message,
+                help: d.help.as_deref(),
+            }
+        })
+    }
+
+    /// Renders every diagnostic with miette's graphical handler (source snippet, labels, help).
+    pub fn render_human(&self, color: bool) -> String {
+        let theme = if color {
+            GraphicalTheme::unicode()
+        } else {
+            GraphicalTheme::unicode_nocolor()
+        };
+        let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
+        let mut out = String::new();
+        for d in &self.diagnostics {
+            let (line, column) = self.location(d.span);
+            let clamp = |s: Span| {
+                let start = s.offset.min(self.source.len());
+                let end = (s.offset + s.len).min(self.source.len());
+                (start, end - start)
+            };
+            let mut labels = vec![LabeledSpan::new_primary_with_span(
+                Some(d.label.clone().unwrap_or_else(|| "here".to_string())),
+                clamp(d.span),
+            )];
+            labels.extend(
+                d.related
+                    .iter()
+                    .map(|r| LabeledSpan::new_with_span(Some(r.label.clone()), clamp(r.span))),
+            );
+            let mut md = MietteDiagnostic::new(format!("{}:{line}:{column}: {}", self.path, d.message))
+                .with_code(d.code)
+                .with_severity(match d.severity {
+                    Severity::Error => miette::Severity::Error,
+                    Severity::Warning => miette::Severity::Warning,
+                })
+                .with_labels(labels);
+            if let Some(help) = &d.help {
+                md = md.with_help(help.clone());
+            }
+            let report = miette::Report::new(md)
+                .with_source_code(NamedSource::new(&self.path, self.source.to_string()));
+            if handler.render_report(&mut out, report.as_ref()).is_err() {
+                let _ = writeln!(out, "{}:{line}:{column}: {} [{}]", self.path, d.message, d.code);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Renders GitHub Actions workflow commands (`::error file=…,line=…,col=…::message`).
+    pub fn render_github(&self) -> String {
+        let mut out = String::new();
+        for d in self.located() {
+            let level = match d.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+            };
+            let mut msg = format!("{} [{}]", d.message, d.code);
+            if let Some(help) = d.help {
+                let _ = write!(msg, " help: {help}");
+            }
+            let _ = writeln!(
+                out,
+                "::{level} file={},line={},col={},title={}::{}",
+                gh_escape_property(d.file),
+                d.line,
+                d.column,
+                gh_escape_property(d.code),
+                gh_escape_data(&msg)
+            );
+        }
+        out
+    }
+}
+
+fn gh_escape_data(s: &str) -> String {
+    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+}
+
+fn gh_escape_property(s: &str) -> String {
+    gh_escape_data(s).replace(':', "%3A").replace(',', "%2C")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> FileReport {
+        FileReport {
+            path: "a,b.yaml".into(),
+            source: Arc::from("kind: pipeline\nname: x\n"),
+            diagnostics: vec![Diagnostic::error("voidbox::unknown_field", "unknown field `nmae`", Span::new(15, 4))
+                .with_help("did you mean `name`?")],
+        }
+    }
+
+    #[test]
+    fn github_format_escapes_and_locates() {
+        let out = report().render_github();
+        assert_eq!(
+            out,
+            "::error file=a%2Cb.yaml,line=2,col=1,title=voidbox%3A%3Aunknown_field::unknown field `nmae` [voidbox::unknown_field] help: did you mean `name`?\n"
+        );
+    }
+
+    #[test]
+    fn human_format_has_snippet_code_and_help() {
+        let out = report().render_human(false);
+        assert!(out.contains("voidbox::unknown_field"), "{out}");
+        assert!(out.contains("a,b.yaml:2:1"), "{out}");
+        assert!(out.contains("name: x"), "{out}");
+        assert!(out.contains("did you mean `name`?"), "{out}");
+    }
+}

@@ -1,0 +1,627 @@
+//! The typed spec model (api_version v1), a strict superset of void-box's v1 format.
+//!
+//! Every struct denies unknown fields; the JSON Schema in `schemas/voidbox.schema.json` is
+//! generated from these types (doc comments become descriptions, serde defaults become
+//! schema defaults).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A voidbox spec: one `agent`, `sandbox`, `pipeline` or `workflow`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "voidbox spec", extend("$id" = "https://voidbox.dev/schemas/voidbox.schema.json"))]
+pub struct Spec {
+    /// Spec format version. Only `v1` exists.
+    #[serde(default)]
+    pub api_version: ApiVersion,
+    /// What this spec describes: a single `agent`, a `sandbox` command, a `pipeline` of
+    /// stages, or a `workflow` DAG of steps.
+    pub kind: Kind,
+    /// Name of the spec (shown in reports and graphs).
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// VM defaults for every node; a pipeline box may override them.
+    #[serde(default)]
+    pub sandbox: Sandbox,
+    /// The LLM used by agent nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Llm>,
+    /// Observability settings (traces, metrics, logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observe: Option<Observe>,
+    /// The agent of a `kind: agent` spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Agent>,
+    /// The boxes and stages of a `kind: pipeline` spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Pipeline>,
+    /// The steps of a `kind: workflow` spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<Workflow>,
+    /// The command of a `kind: sandbox` spec (without it, the sandbox is the environment
+    /// `voidbox shell` opens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Command>,
+    /// Default retries for every node after a failed attempt (exponential backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub retries: Option<u32>,
+    /// Wall-clock limit for the whole run, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_secs: Option<u64>,
+    /// What happens to independent nodes when one fails.
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+/// Spec format version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum ApiVersion {
+    /// Version 1.
+    #[default]
+    #[serde(rename = "v1")]
+    V1,
+}
+
+/// The kind of a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// One agent running its `agent:` block.
+    Agent,
+    /// One command (`run:`) in a sandbox, or an interactive environment.
+    Sandbox,
+    /// Boxes run in `stages` (sequential `box` stages and parallel `fan_out` stages).
+    Pipeline,
+    /// A DAG of `steps` with `depends_on`.
+    Workflow,
+}
+
+impl Kind {
+    /// The lowercase name used in specs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Agent => "agent",
+            Kind::Sandbox => "sandbox",
+            Kind::Pipeline => "pipeline",
+            Kind::Workflow => "workflow",
+        }
+    }
+}
+
+/// Failure policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// Stop at the first failure: running siblings are cancelled and their VMs killed.
+    #[default]
+    FailFast,
+    /// Keep running every node that does not depend on the failed one.
+    Continue,
+}
+
+/// Sandbox (micro-VM) settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sandbox {
+    /// Execution mode: `auto` and `local` run a KVM micro-VM; `mock` is accepted for void-box
+    /// compatibility but never fabricates results (`apply` refuses it).
+    #[serde(default)]
+    pub mode: SandboxMode,
+    /// Guest memory per VM, in MiB.
+    #[serde(default = "default_memory_mb")]
+    #[schemars(range(min = 64, max = 65536))]
+    pub memory_mb: u64,
+    /// Virtual CPUs per VM.
+    #[serde(default = "default_vcpus")]
+    #[schemars(range(min = 1, max = 32))]
+    pub vcpus: u32,
+    /// Give the VM network access (user-mode SLIRP). Off unless asked for.
+    #[serde(default)]
+    pub network: bool,
+    /// Environment variables for every command. An empty value copies the host's value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Host directories mounted into the VM (host paths relative to the spec file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// OCI image used as the root filesystem (for example `alpine:3.20`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// OCI image carrying a guest kernel + initramfs (void-box compatibility).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_image: Option<String>,
+    /// Path of a guest kernel to boot instead of the built-in guest image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Path of an initramfs to boot instead of the built-in guest image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initramfs: Option<String>,
+    /// Snapshot to restore from: a hash prefix or a directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+fn default_memory_mb() -> u64 {
+    1024
+}
+
+fn default_vcpus() -> u32 {
+    1
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::default(),
+            memory_mb: default_memory_mb(),
+            vcpus: default_vcpus(),
+            network: false,
+            env: BTreeMap::new(),
+            mounts: Vec::new(),
+            image: None,
+            guest_image: None,
+            kernel: None,
+            initramfs: None,
+            snapshot: None,
+        }
+    }
+}
+
+/// Sandbox execution mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// A KVM micro-VM.
+    #[default]
+    Auto,
+    /// A KVM micro-VM.
+    Local,
+    /// void-box's mock backend: accepted by `validate`/`graph` with a warning, refused by
+    /// `apply` (use `apply --dry-run`).
+    Mock,
+}
+
+/// Per-box overrides of the spec's sandbox settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxOverride {
+    /// Guest memory for this box, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 64, max = 65536))]
+    pub memory_mb: Option<u64>,
+    /// Virtual CPUs for this box.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub vcpus: Option<u32>,
+    /// Network access for this box.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// Extra environment variables (merged over the spec's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Extra mounts for this box.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// OCI root filesystem image for this box.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Snapshot to restore this box from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// A host directory mounted into the VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// Host path (relative paths are relative to the spec file).
+    #[schemars(length(min = 1))]
+    pub host: String,
+    /// Absolute path inside the guest.
+    #[schemars(length(min = 1))]
+    pub guest: String,
+    /// `ro` (default) or `rw`.
+    #[serde(default)]
+    pub mode: MountMode,
+}
+
+/// Mount access mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MountMode {
+    /// Read-only.
+    #[default]
+    Ro,
+    /// Read-write.
+    Rw,
+}
+
+/// LLM settings for agent nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Llm {
+    /// Which agent runtime and LLM backend to use.
+    pub provider: Provider,
+    /// Model name (provider-specific).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Base URL of the provider's API (for `ollama` and `custom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// Name of the host environment variable that holds the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+/// LLM provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provider {
+    /// Claude Code with an API key.
+    Claude,
+    /// Claude Code with a personal (subscription) login.
+    ClaudePersonal,
+    /// OpenAI Codex CLI.
+    Codex,
+    /// A local Ollama server.
+    Ollama,
+    /// Any OpenAI-compatible endpoint (`base_url`).
+    Custom,
+    /// A deterministic offline stand-in for an LLM CLI (tests and demos).
+    Mock,
+}
+
+impl Provider {
+    /// The name used in specs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Claude => "claude",
+            Provider::ClaudePersonal => "claude-personal",
+            Provider::Codex => "codex",
+            Provider::Ollama => "ollama",
+            Provider::Custom => "custom",
+            Provider::Mock => "mock",
+        }
+    }
+}
+
+/// Observability settings (void-box compatible).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Observe {
+    /// Export traces.
+    #[serde(default)]
+    pub traces: bool,
+    /// Export metrics.
+    #[serde(default)]
+    pub metrics: bool,
+    /// Export logs.
+    #[serde(default)]
+    pub logs: bool,
+    /// OTLP endpoint (for example `http://localhost:4317`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// Service name reported to the collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// Guest telemetry buffer size (samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry_buffer_size: Option<u64>,
+}
+
+/// The agent of a `kind: agent` spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Agent {
+    /// The task given to the agent.
+    pub prompt: String,
+    /// Skills installed into the VM before the agent starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<SkillEntry>,
+    /// Time limit for the agent, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_secs: Option<u64>,
+    /// Guest path of the file the agent writes its result to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_file: Option<String>,
+    /// Agent messaging (void-box compatible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messaging: Option<Messaging>,
+    /// `task` (run to completion), `service` (long-running) or `interactive`.
+    #[serde(default)]
+    pub mode: AgentMode,
+    /// Retries after a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub retries: Option<u32>,
+}
+
+/// Agent messaging settings (void-box compatible).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Messaging {
+    /// Enable messaging.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Provider bridge name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_bridge: Option<String>,
+}
+
+/// How an agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentMode {
+    /// Run the prompt to completion.
+    #[default]
+    Task,
+    /// A long-running service writing to `output_file`.
+    Service,
+    /// An interactive session.
+    Interactive,
+}
+
+/// A pipeline: boxes and the stages that run them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    /// The boxes (nodes) of the pipeline.
+    pub boxes: Vec<PipelineBox>,
+    /// Stages in order. Without stages, the boxes run one after another in declaration order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Stage>,
+}
+
+/// A pipeline box: an agent box (`prompt`) or a command box (`run`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineBox {
+    /// Unique box name, referenced by stages.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Agent box: the task given to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Command box: the program to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Command>,
+    /// Skills for an agent box.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<SkillEntry>,
+    /// LLM settings for this box (overrides the spec's `llm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Llm>,
+    /// Time limit for this box, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_secs: Option<u64>,
+    /// Retries after a failed attempt (exponential backoff with jitter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub retries: Option<u32>,
+    /// Sandbox overrides for this box.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxOverride>,
+    /// Named output directories this box writes (void-box compatible).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<BoxOutput>,
+    /// Named inputs this box reads from earlier boxes' outputs (void-box compatible).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<BoxInput>,
+}
+
+/// A named output directory of a box.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BoxOutput {
+    /// Output name, referenced by other boxes' `inputs[].from`.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Guest directory the box writes.
+    #[serde(default = "default_output_guest")]
+    pub guest: String,
+}
+
+fn default_output_guest() -> String {
+    "/workspace/output".to_string()
+}
+
+/// A named input of a box.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BoxInput {
+    /// Name of another box's output.
+    #[schemars(length(min = 1))]
+    pub from: String,
+    /// Guest directory where the input appears.
+    #[serde(default = "default_input_guest")]
+    pub guest: String,
+}
+
+fn default_input_guest() -> String {
+    "/workspace/input".to_string()
+}
+
+/// A pipeline stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Stage {
+    /// Run one box.
+    Box {
+        /// The box to run.
+        #[schemars(length(min = 1))]
+        name: String,
+    },
+    /// Run several boxes in parallel on the same input; their outputs are merged into a JSON
+    /// array in declaration order.
+    FanOut {
+        /// The boxes to run in parallel (at least two).
+        boxes: Vec<String>,
+    },
+}
+
+/// A program to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Command {
+    /// Program name (looked up in the guest's PATH) or absolute path.
+    #[schemars(length(min = 1))]
+    pub program: String,
+    /// Arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory in the guest (default `/workspace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+}
+
+/// A workflow: a DAG of steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Workflow {
+    /// The steps.
+    pub steps: Vec<Step>,
+    /// The step whose output is the workflow's output (default: the single final step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_step: Option<String>,
+}
+
+/// A workflow step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// Unique step name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The command to run.
+    pub run: StepCommand,
+    /// Steps that must finish first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Step whose output is piped to this step's stdin (must be in `depends_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_from: Option<String>,
+    /// `service` for a long-running step (void-box compatible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<StepMode>,
+    /// Time limit for this step, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_secs: Option<u64>,
+    /// Retries after a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub retries: Option<u32>,
+    /// Sandbox overrides for this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxOverride>,
+}
+
+/// The command of a workflow step (void-box also allows `stdin_from` here).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepCommand {
+    /// Program name or absolute path.
+    #[schemars(length(min = 1))]
+    pub program: String,
+    /// Arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory in the guest (default `/workspace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// void-box form of the step's `stdin_from`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_from: Option<String>,
+}
+
+/// Workflow step mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StepMode {
+    /// A long-running service step.
+    Service,
+}
+
+impl Step {
+    /// `stdin_from`, whichever of the two accepted places sets it.
+    pub fn stdin_source(&self) -> Option<&str> {
+        self.stdin_from
+            .as_deref()
+            .or(self.run.stdin_from.as_deref())
+    }
+}
+
+/// A skill: a `type:value` string or an object form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum SkillEntry {
+    /// `agent:NAME`, `file:PATH`, `remote:OWNER/REPO[/SKILL]`, `mcp:NAME` or `cli:NAME`.
+    Simple(String),
+    /// A skill shipped as an OCI image, mounted into the guest.
+    Oci(OciSkill),
+    /// An MCP server started for the agent.
+    Mcp(McpSkill),
+    /// A skill given inline.
+    Inline(InlineSkill),
+}
+
+/// A skill shipped as an OCI image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OciSkill {
+    /// Image reference (for example `python:3.12-slim`).
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// Absolute guest path where the image's filesystem appears.
+    #[schemars(length(min = 1))]
+    pub mount: String,
+    /// Mount read-only (default).
+    #[serde(default = "default_true")]
+    pub readonly: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// An MCP server skill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpSkill {
+    /// Server name as the agent sees it.
+    #[schemars(length(min = 1))]
+    pub mcp: String,
+    /// Command that starts the server (stdio transport).
+    #[schemars(length(min = 1))]
+    pub command: String,
+    /// Arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables for the server.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// An inline skill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InlineSkill {
+    /// Skill name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// SKILL.md content.
+    pub content: String,
+}
