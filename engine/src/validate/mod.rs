@@ -49,6 +49,10 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
     if meta.is_dir() {
         return Err(io("is a directory, not a spec file".into()));
     }
+    if !meta.is_file() {
+        // FIFOs, sockets and devices could block or never end.
+        return Err(io("is not a regular file".into()));
+    }
     if meta.len() > MAX_SPEC_BYTES {
         return Ok(single(
             &display,

@@ -1,0 +1,191 @@
+//! End-to-end tests of `voidbox validate`, `graph` and `schema` through the built binary,
+//! including hostile input: huge files, alias bombs, binary garbage, FIFOs, directories.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use voidbox_tests::{repo_root, run_in, Run};
+
+const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+fn run(args: &[&str]) -> Run {
+    run_in(BIN, &repo_root(), args)
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.to_string_lossy().into_owned()
+}
+
+const VALID: &str = "api_version: v1\nkind: sandbox\nname: ok\nrun: {program: echo}\n";
+
+#[test]
+fn schema_file_is_up_to_date() {
+    let r = run(&["schema"]);
+    assert_eq!(r.code, Some(0));
+    let checked_in = std::fs::read_to_string(repo_root().join("schemas/voidbox.schema.json"))
+        .expect("schemas/voidbox.schema.json");
+    assert!(
+        r.stdout == checked_in,
+        "schemas/voidbox.schema.json is stale: regenerate it with\n  cargo run -p voidbox -- schema > schemas/voidbox.schema.json"
+    );
+    let schema: serde_json::Value = serde_json::from_str(&r.stdout).expect("schema is JSON");
+    assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
+    assert!(schema["properties"]["kind"]["description"].is_string());
+}
+
+#[test]
+fn examples_validate_and_have_the_schema_modeline() {
+    let dir = repo_root().join("examples");
+    let r = run_in(BIN, &dir, &["validate", "."]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    for entry in std::fs::read_dir(&dir).expect("examples") {
+        let p = entry.expect("entry").path();
+        if p.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&p).expect("read");
+            assert!(
+                text.starts_with("# yaml-language-server: $schema=../schemas/voidbox.schema.json"),
+                "{} lacks the yaml-language-server modeline",
+                p.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn github_format_emits_annotations() {
+    let r = run(&["validate", "--format", "github", "specs/invalid/unknown-field.yaml"]);
+    assert_eq!(r.code, Some(1));
+    assert_eq!(
+        r.stdout.trim_end(),
+        "::error file=specs/invalid/unknown-field.yaml,line=8,col=7,title=voidbox%3A%3Aunknown_field::unknown field `timeout_sec` in `pipeline.boxes[0]` [voidbox::unknown_field] help: did you mean `timeout_secs`?"
+    );
+}
+
+#[test]
+fn human_format_shows_snippet_and_help() {
+    let r = run(&["validate", "specs/invalid/unknown-field.yaml"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stdout.contains("specs/invalid/unknown-field.yaml:8:7"), "{}", r.stdout);
+    assert!(r.stdout.contains("timeout_sec: 30"), "{}", r.stdout);
+    assert!(r.stdout.contains("did you mean `timeout_secs`?"), "{}", r.stdout);
+    assert!(r.stdout.contains("1 of 1 spec file invalid: 1 error"), "{}", r.stdout);
+}
+
+#[test]
+fn usage_and_io_errors_exit_2() {
+    assert_eq!(run(&["validate", "no/such/file.yaml"]).code, Some(2));
+    assert_eq!(run(&["validate", "--format", "xml", "examples"]).code, Some(2));
+    assert_eq!(run(&["frobnicate"]).code, Some(2));
+    let r = run(&["graph", "examples"]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("is a directory"), "{}", r.stderr);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let r = run_in(BIN, tmp.path(), &["validate", "."]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("no *.yaml or *.yml spec files found"), "{}", r.stderr);
+}
+
+#[test]
+fn fifo_and_dangling_symlink_do_not_hang() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let fifo = tmp.path().join("pipe.yaml");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(status.success());
+    std::os::unix::fs::symlink(tmp.path().join("missing"), tmp.path().join("link.yaml")).expect("symlink");
+    let start = Instant::now();
+    let r = run_in(BIN, tmp.path(), &["validate", "pipe.yaml"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+    let r = run_in(BIN, tmp.path(), &["validate", "link.yaml"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn ten_megabyte_spec_is_refused_quickly() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut big = String::from("kind: sandbox\nname: big\nrun:\n  program: echo\n  args:\n");
+    while big.len() < 10 * 1024 * 1024 {
+        big.push_str("    - \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"\n");
+    }
+    let p = write(tmp.path(), "big.yaml", &big);
+    let start = Instant::now();
+    let r = run(&["validate", "--format", "json", &p]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stdout.contains("voidbox::too_large"), "{}", r.stdout);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn directory_of_a_thousand_specs() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for i in 0..1000 {
+        let text = if i % 10 == 0 {
+            format!("kind: sandbox\nname: s{i}\nsandbox: {{memory_mb: 1}}\n")
+        } else {
+            VALID.replace("name: ok", &format!("name: s{i}"))
+        };
+        write(tmp.path(), &format!("s{i:04}.yaml"), &text);
+    }
+    let r = run_in(BIN, tmp.path(), &["validate", "--format", "json", "."]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(doc["summary"]["files"], 1000);
+    assert_eq!(doc["summary"]["invalid"], 100);
+    // Deterministic order: files are sorted.
+    assert_eq!(doc["files"][0]["path"], "./s0000.yaml");
+    assert_eq!(doc["files"][999]["path"], "./s0999.yaml");
+}
+
+#[test]
+fn graph_formats_are_deterministic_and_well_formed() {
+    for format in ["text", "dot", "mermaid"] {
+        let a = run(&["graph", "examples/fan-out.yaml", "--format", format]);
+        let b = run(&["graph", "examples/fan-out.yaml", "--format", format]);
+        assert_eq!(a.code, Some(0), "{}", a.stderr);
+        assert_eq!(a.stdout, b.stdout, "{format} output is not deterministic");
+    }
+    let text = run(&["graph", "examples/fan-out.yaml"]).stdout;
+    assert!(text.contains("level 2 — fan_out"), "{text}");
+    assert!(text.contains("← [words, upper, lines]"), "{text}");
+    let mermaid = run(&["graph", "examples/workflow.yaml", "--format", "mermaid"]).stdout;
+    assert!(mermaid.contains("n0 -->|\"stdin\"| n1"), "{mermaid}");
+    let r = run(&["graph", "specs/invalid/cycle.yaml"]);
+    assert_eq!(r.code, Some(1));
+    assert!(r.stderr.contains("dependency cycle: a → c → b → a"), "{}", r.stderr);
+}
+
+#[test]
+fn dot_output_renders_with_graphviz() {
+    let dot = run(&["graph", "examples/fan-out.yaml", "--format", "dot"]).stdout;
+    let mut child = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("Graphviz `dot` is required for this test (apt-get install graphviz; the README's test command installs it)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(dot.as_bytes()).expect("write dot");
+    }
+    let out = child.wait_with_output().expect("dot");
+    assert!(out.status.success(), "dot rejected the output: {}", String::from_utf8_lossy(&out.stderr));
+    let svg = String::from_utf8_lossy(&out.stdout);
+    assert!(svg.contains("<svg") && svg.contains("collect"), "{svg}");
+}
+
+#[test]
+fn apply_dry_run_and_mock_mode() {
+    let r = run(&["apply", "--dry-run", "examples/fan-out.yaml"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.starts_with("pipeline `text-stats`"), "{}", r.stdout);
+    let r = run(&["apply", "specs/valid/mock-mode.yaml"]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("--dry-run"), "{}", r.stderr);
+    let r = run(&["apply", "specs/invalid/cycle.yaml"]);
+    assert_eq!(r.code, Some(2));
+}
