@@ -3,5 +3,20 @@
 //! It owns one KVM micro-VM per process: guest memory, the 64-bit Linux boot protocol,
 //! vCPU threads, the serial console, virtio-mmio devices, the seccomp filter and (later)
 //! snapshot/restore. [`probe`] detects hosts whose KVM interprets guest kernel code.
+//!
+//! The crate is a library plus the `voidbox-vmm` binary (one process per VM). Everything
+//! the guest controls (descriptor rings, packet headers, MMIO accesses) is treated as hostile:
+//! a malformed queue marks that device broken and the VMM carries on.
 
+pub mod boot;
+pub mod bus;
+pub mod config;
+pub mod devices;
+pub mod exit;
+pub mod logger;
+pub mod memory;
 pub mod probe;
+pub mod seccomp;
+pub mod status;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,106 @@
+//! Blocking adapter over [`std::io::Read`] / [`std::io::Write`].
+//!
+//! Writers emit one frame per `write_all` + `flush`; when several threads share one
+//! stream, serialize writes (e.g. behind a `Mutex`) so frames never interleave.
+
+use std::io::{ErrorKind, Read, Write};
+
+use crate::error::{ProtocolError, Result};
+use crate::frame::{Frame, FrameHeader, HEADER_LEN};
+use crate::handshake::{accept_ping, check_pong, SessionSecret};
+use crate::message::{Message, Ping, Pong};
+use crate::policy::{GuestInfo, GuestPolicy};
+
+/// Initial buffer reserved for a payload; larger payloads grow as bytes actually arrive,
+/// so a peer announcing a big frame and sending nothing cannot make us allocate it.
+const INITIAL_PAYLOAD_CAPACITY: usize = 64 * 1024;
+
+/// Reads one frame. Returns [`ProtocolError::Closed`] on EOF at a frame boundary,
+/// [`ProtocolError::Truncated`] on EOF inside a frame, and [`ProtocolError::Oversized`]
+/// (before reading or allocating the payload) when the header announces too much.
+pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Frame> {
+    let mut h = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match r.read(&mut h[got..]) {
+            Ok(0) if got == 0 => return Err(ProtocolError::Closed),
+            Ok(0) => {
+                return Err(ProtocolError::Truncated {
+                    needed: HEADER_LEN as u64,
+                    got: got as u64,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let header = FrameHeader::parse(h)?;
+    let len = header.len as usize;
+    let mut payload = Vec::with_capacity(len.min(INITIAL_PAYLOAD_CAPACITY));
+    r.take(header.len as u64).read_to_end(&mut payload)?;
+    if payload.len() < len {
+        return Err(ProtocolError::Truncated {
+            needed: (HEADER_LEN + len) as u64,
+            got: (HEADER_LEN + payload.len()) as u64,
+        });
+    }
+    Ok(Frame {
+        ty: header.ty,
+        payload,
+    })
+}
+
+/// Writes one frame and flushes.
+pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &Frame) -> Result<()> {
+    let mut buf = Vec::new();
+    frame.encode_into(&mut buf)?;
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads and decodes one message. Errors for which [`ProtocolError::is_fatal`] is
+/// `false` (unknown type, malformed payload) leave the stream positioned at the next frame.
+pub fn read_message<R: Read + ?Sized>(r: &mut R) -> Result<Message> {
+    Message::from_frame(&read_frame(r)?)
+}
+
+/// Encodes and writes one message, then flushes.
+pub fn write_message<W: Write + ?Sized>(w: &mut W, msg: &Message) -> Result<()> {
+    let buf = msg.encode()?;
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Host side of the handshake: sends a [`Ping`] and waits for the [`Pong`].
+pub fn client_handshake<S: Read + Write + ?Sized>(
+    stream: &mut S,
+    secret: &SessionSecret,
+    policy: Option<GuestPolicy>,
+) -> Result<Pong> {
+    write_message(stream, &Message::Ping(Ping::new(secret.clone(), policy)))?;
+    check_pong(read_message(stream)?)
+}
+
+/// Guest side of the handshake: reads the first message, verifies it, and answers with a
+/// [`Pong`] carrying `info`. On failure an error reply is sent (best effort) and the error
+/// returned; the caller must then close the connection. Returns the verified [`Ping`].
+pub fn server_handshake<S: Read + Write + ?Sized>(
+    stream: &mut S,
+    secret: &SessionSecret,
+    info: GuestInfo,
+) -> Result<Ping> {
+    let first = read_message(stream)?;
+    match accept_ping(first, secret) {
+        Ok(ping) => {
+            write_message(stream, &Message::Pong(Pong::new(ping.id, info)))?;
+            Ok(ping)
+        }
+        Err((err, reply)) => {
+            let _ = write_message(stream, &reply);
+            Err(err)
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! VMM configuration (JSON, read from a pipe or inherited fd) and kernel command-line building.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest guest memory we accept: one region below the 32-bit MMIO gap.
+pub const MAX_MEMORY_MB: u32 = 3072;
+/// Smallest guest memory we accept.
+pub const MIN_MEMORY_MB: u32 = 32;
+/// Most vCPUs we accept (the MP table and APIC ids are sized for this).
+pub const MAX_VCPUS: u8 = 16;
+/// x86 `COMMAND_LINE_SIZE`, including the terminating NUL.
+pub const MAX_CMDLINE_LEN: usize = 2048;
+/// Longest caller-supplied command-line suffix.
+pub const MAX_CMDLINE_EXTRA_LEN: usize = 1024;
+
+/// Flags every guest gets.
+pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+/// Flags a guest kernel needs on a host whose KVM interprets guest kernel code
+/// (see `shared/notes/kvm-host.md`); added when [`VmConfig::compat`] is set.
+pub const COMPAT_CMDLINE: &str = "noxsave clearcpuid=popcnt,cx16,smap,rdtscp,clwb,erms,fsrm \
+     mitigations=off rodata=off noreplace-smp quiet clocksource=kvm-clock";
+
+/// Configuration of one micro-VM, as sent by the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    /// Guest kernel: an ELF `vmlinux` or a `bzImage`.
+    pub kernel: PathBuf,
+    /// Optional uncompressed (or kernel-decompressible) initramfs.
+    #[serde(default)]
+    pub initramfs: Option<PathBuf>,
+    /// Appended to the generated kernel command line (e.g. `voidbox.secret=<hex>`).
+    #[serde(default)]
+    pub cmdline_extra: String,
+    /// Guest memory in MiB (32..=3072).
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u32,
+    /// Number of vCPUs (1..=16).
+    #[serde(default = "default_vcpus")]
+    pub vcpus: u8,
+    /// Host Unix socket of the hybrid vsock device; `None` means no vsock device.
+    #[serde(default)]
+    pub vsock_uds: Option<PathBuf>,
+    /// Guest CID of the vsock device.
+    #[serde(default = "default_cid")]
+    pub vsock_cid: u64,
+    /// File receiving the guest's serial console output (created, mode 0600).
+    pub console_log: PathBuf,
+    /// Add the command-line flags needed on an interpreting (nested software) KVM host.
+    #[serde(default)]
+    pub compat: bool,
+    /// Exit with [`crate::exit::ExitCode::BootTimeout`] when no guest vsock listener
+    /// accepted a host connection within this many milliseconds.
+    #[serde(default)]
+    pub boot_timeout_ms: Option<u64>,
+    /// Hard wall-clock limit for the whole VM lifetime in milliseconds.
+    #[serde(default)]
+    pub wall_limit_ms: Option<u64>,
+    /// Test hook: issue a syscall outside the seccomp filter right after installing it.
+    #[serde(default)]
+    pub test_forbidden_syscall: bool,
+}
+
+fn default_memory_mb() -> u32 {
+    256
+}
+fn default_vcpus() -> u8 {
+    1
+}
+fn default_cid() -> u64 {
+    3
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Not valid JSON or not the expected shape.
+    #[error("invalid config JSON: {0}")]
+    Json(String),
+    /// Memory size out of range.
+    #[error("memory_mb must be within {MIN_MEMORY_MB}..={MAX_MEMORY_MB}, got {0}")]
+    Memory(u32),
+    /// vCPU count out of range.
+    #[error("vcpus must be within 1..={MAX_VCPUS}, got {0}")]
+    Vcpus(u8),
+    /// Command-line suffix too long or containing forbidden characters.
+    #[error("cmdline_extra is invalid: {0}")]
+    CmdlineExtra(&'static str),
+    /// The generated command line exceeds the kernel's limit.
+    #[error("kernel command line is {0} bytes, limit {MAX_CMDLINE_LEN}")]
+    CmdlineTooLong(usize),
+    /// Reserved or invalid guest CID.
+    #[error("vsock_cid {0} is reserved (must be >= 3 and < 2^32 - 1)")]
+    Cid(u64),
+    /// A path is empty.
+    #[error("{0} must not be empty")]
+    EmptyPath(&'static str),
+}
+
+impl VmConfig {
+    /// Parses and validates a JSON document.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        let cfg: VmConfig =
+            serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges and the command-line suffix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&self.memory_mb) {
+            return Err(ConfigError::Memory(self.memory_mb));
+        }
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(ConfigError::Vcpus(self.vcpus));
+        }
+        if self.cmdline_extra.len() > MAX_CMDLINE_EXTRA_LEN {
+            return Err(ConfigError::CmdlineExtra("too long"));
+        }
+        if !self
+            .cmdline_extra
+            .bytes()
+            .all(|b| b == b' ' || b.is_ascii_graphic())
+        {
+            return Err(ConfigError::CmdlineExtra(
+                "only printable ASCII and spaces are allowed",
+            ));
+        }
+        if self.vsock_cid < 3 || self.vsock_cid >= u64::from(u32::MAX) {
+            return Err(ConfigError::Cid(self.vsock_cid));
+        }
+        if self.kernel.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyPath("kernel"));
+        }
+        if self.console_log.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyPath("console_log"));
+        }
+        Ok(())
+    }
+}
+
+/// A virtio-mmio device as announced on the kernel command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmioAnnouncement {
+    /// Guest-physical base of the 4 KiB register window.
+    pub base: u64,
+    /// Legacy IRQ (GSI) number.
+    pub irq: u32,
+}
+
+impl MmioAnnouncement {
+    /// The `virtio_mmio.device=` parameter for this device.
+    pub fn param(&self) -> String {
+        format!("virtio_mmio.device=4K@{:#x}:{}", self.base, self.irq)
+    }
+}
+
+/// Builds the guest kernel command line.
+///
+/// `tsc_khz` is used only with more than one vCPU (where TSC calibration against the PIT fails
+/// because PV features are off).
+pub fn build_cmdline(
+    cfg: &VmConfig,
+    tsc_khz: Option<u32>,
+    devices: &[MmioAnnouncement],
+) -> Result<String, ConfigError> {
+    let mut parts: Vec<String> = vec![BASE_CMDLINE.to_string()];
+    if cfg.compat {
+        parts.push(COMPAT_CMDLINE.to_string());
+    }
+    if cfg.vcpus > 1 {
+        parts.push("nopv tsc=reliable".to_string());
+        if let Some(khz) = tsc_khz.filter(|k| *k > 0) {
+            parts.push(format!("tsc_early_khz={khz}"));
+        }
+    }
+    parts.extend(devices.iter().map(MmioAnnouncement::param));
+    let extra = cfg.cmdline_extra.trim();
+    if !extra.is_empty() {
+        parts.push(extra.to_string());
+    }
+    let line = parts.join(" ");
+    if line.len() + 1 > MAX_CMDLINE_LEN {
+        return Err(ConfigError::CmdlineTooLong(line.len() + 1));
+    }
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> VmConfig {
+        VmConfig::from_json(r#"{"kernel":"/k","console_log":"/tmp/c.log"}"#).unwrap()
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = cfg();
+        assert_eq!(c.memory_mb, 256);
+        assert_eq!(c.vcpus, 1);
+        assert_eq!(c.vsock_cid, 3);
+        assert!(!c.compat);
+        let bad = r#"{"kernel":"/k","console_log":"/c","memory_mb":4096}"#;
+        assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Memory(4096)));
+        let bad = r#"{"kernel":"/k","console_log":"/c","vcpus":0}"#;
+        assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Vcpus(0)));
+        let bad = r#"{"kernel":"/k","console_log":"/c","cmdline_extra":"a\nb"}"#;
+        assert!(matches!(
+            VmConfig::from_json(bad),
+            Err(ConfigError::CmdlineExtra(_))
+        ));
+        let bad = r#"{"kernel":"/k","console_log":"/c","vsock_cid":2}"#;
+        assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Cid(2)));
+        let bad = r#"{"kernel":"/k","console_log":"/c","bogus":1}"#;
+        assert!(matches!(
+            VmConfig::from_json(bad),
+            Err(ConfigError::Json(_))
+        ));
+        assert!(matches!(
+            VmConfig::from_json("not json"),
+            Err(ConfigError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn cmdline_always_has_base_flags() {
+        let line = build_cmdline(&cfg(), Some(2_000_000), &[]).unwrap();
+        assert_eq!(line, BASE_CMDLINE);
+    }
+
+    #[test]
+    fn cmdline_compat_smp_devices_extra() {
+        let mut c = cfg();
+        c.compat = true;
+        c.vcpus = 2;
+        c.cmdline_extra = " voidbox.secret=abcd ".into();
+        let dev = [MmioAnnouncement {
+            base: 0xd000_0000,
+            irq: 5,
+        }];
+        let line = build_cmdline(&c, Some(2_993_000), &dev).unwrap();
+        for flag in [
+            "console=ttyS0",
+            "reboot=k",
+            "panic=-1",
+            "pci=off",
+            "noxsave",
+            "clearcpuid=popcnt,cx16,smap,rdtscp,clwb,erms,fsrm",
+            "mitigations=off",
+            "rodata=off",
+            "noreplace-smp",
+            "quiet",
+            "clocksource=kvm-clock",
+            "nopv",
+            "tsc=reliable",
+            "tsc_early_khz=2993000",
+            "virtio_mmio.device=4K@0xd0000000:5",
+            "voidbox.secret=abcd",
+        ] {
+            assert!(
+                line.split(' ').any(|p| p == flag),
+                "{flag} missing in {line}"
+            );
+        }
+        assert!(line.ends_with("voidbox.secret=abcd"));
+    }
+
+    #[test]
+    fn cmdline_single_vcpu_has_no_smp_flags() {
+        let line = build_cmdline(&cfg(), Some(1000), &[]).unwrap();
+        assert!(!line.contains("nopv"));
+        assert!(!line.contains("tsc_early_khz"));
+    }
+
+    #[test]
+    fn cmdline_too_long_is_rejected() {
+        let mut c = cfg();
+        c.cmdline_extra = "x".repeat(1000);
+        let devs: Vec<_> = (0..40)
+            .map(|i| MmioAnnouncement {
+                base: 0xd000_0000 + i * 0x1000,
+                irq: 5 + i as u32,
+            })
+            .collect();
+        assert!(matches!(
+            build_cmdline(&c, None, &devs),
+            Err(ConfigError::CmdlineTooLong(_))
+        ));
+    }
+}

@@ -1,0 +1,6 @@
+//! Emulated devices: the 8250 serial console, the i8042 reset port, virtio-mmio and vsock.
+
+pub mod i8042;
+pub mod serial;
+pub mod virtio;
+pub mod vsock;

@@ -1,0 +1,124 @@
+//! virtio 1.x: the device trait, interrupt line, descriptor-chain helpers and the MMIO transport.
+
+pub mod mmio;
+pub mod queue;
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::memory::GuestMem;
+
+/// Feature bit: virtio 1.x ("modern") device.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+
+/// Device status bits (virtio 1.x §2.1).
+pub mod status {
+    /// Guest noticed the device.
+    pub const ACKNOWLEDGE: u32 = 1;
+    /// Guest has a driver.
+    pub const DRIVER: u32 = 2;
+    /// Driver is ready.
+    pub const DRIVER_OK: u32 = 4;
+    /// Feature negotiation complete.
+    pub const FEATURES_OK: u32 = 8;
+    /// Device hit an error and needs a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = 0x40;
+    /// Driver gave up on the device.
+    pub const FAILED: u32 = 0x80;
+}
+
+/// InterruptStatus bit: a used buffer was added.
+pub const INT_VRING: u32 = 1;
+/// InterruptStatus bit: configuration changed (also used for DEVICE_NEEDS_RESET).
+pub const INT_CONFIG: u32 = 2;
+
+/// A device's legacy interrupt line: the InterruptStatus register plus an irqfd.
+#[derive(Debug)]
+pub struct Interrupt {
+    status: AtomicU32,
+    evt: EventFd,
+}
+
+impl Interrupt {
+    /// Wraps the irqfd `evt`.
+    pub fn new(evt: EventFd) -> Self {
+        Self {
+            status: AtomicU32::new(0),
+            evt,
+        }
+    }
+
+    /// Sets `bits` in InterruptStatus and raises the line.
+    pub fn signal(&self, bits: u32) -> io::Result<()> {
+        self.status.fetch_or(bits, Ordering::SeqCst);
+        self.evt.write(1)
+    }
+
+    /// Clears `bits` (InterruptACK).
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    /// Current InterruptStatus.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// Clears all bits (device reset).
+    pub fn reset(&self) {
+        self.status.store(0, Ordering::SeqCst);
+    }
+
+    /// The irqfd.
+    pub fn eventfd(&self) -> &EventFd {
+        &self.evt
+    }
+}
+
+/// Why activation failed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ActivateError {
+    /// A required queue is not ready or its rings lie outside guest memory.
+    #[error("queue {0} is not ready or invalid")]
+    BadQueue(usize),
+    /// Wrong number of queues.
+    #[error("expected {expected} queues, got {got}")]
+    QueueCount {
+        /// Expected.
+        expected: usize,
+        /// Got.
+        got: usize,
+    },
+}
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// Short name for logs.
+    fn name(&self) -> &'static str;
+    /// virtio device id.
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue (the queue count is the slice length).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Offered features.
+    fn features(&self) -> u64;
+    /// Reads device config space.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes device config space.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts the device with the driver's queues (DRIVER_OK).
+    fn activate(
+        &mut self,
+        mem: GuestMem,
+        queues: Vec<Queue>,
+        acked_features: u64,
+    ) -> Result<(), ActivateError>;
+    /// The driver notified queue `index`.
+    fn queue_notify(&mut self, index: u32);
+    /// Resets the device to its initial state (status 0 written).
+    fn reset(&mut self);
+    /// True once the device was marked broken (DEVICE_NEEDS_RESET).
+    fn is_broken(&self) -> bool;
+}

@@ -1,0 +1,399 @@
+//! vCPU setup for 64-bit Linux entry (CPUID, MSRs, registers, segments, paging, FPU, LAPIC)
+//! and the run loop that dispatches exits.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Barrier};
+
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_run, CpuId, Msrs};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_memory::GuestAddress;
+
+use crate::boot::{gdt, BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, ZERO_PAGE_START};
+use crate::bus::Bus;
+use crate::exit::{Outcome, VmEvent};
+
+/// Errors configuring a vCPU.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// A KVM vCPU ioctl failed.
+    #[error("vCPU {0}: {1} failed: {2}")]
+    Ioctl(u8, &'static str, kvm_ioctls::Error),
+    /// Building the MSR list failed.
+    #[error("vCPU {0}: cannot build MSR list")]
+    Msrs(u8),
+    /// KVM accepted fewer MSRs than given.
+    #[error("vCPU {0}: KVM set only {1} of {2} boot MSRs")]
+    MsrsPartial(u8, usize, usize),
+}
+
+const X86_CR0_PE: u64 = 0x1;
+const X86_CR0_PG: u64 = 0x8000_0000;
+const X86_CR4_PAE: u64 = 0x20;
+const EFER_LME: u64 = 0x100;
+const EFER_LMA: u64 = 0x400;
+
+const MSR_IA32_TSC: u32 = 0x10;
+const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_LSTAR: u32 = 0xc000_0082;
+const MSR_CSTAR: u32 = 0xc000_0083;
+const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+const MISC_ENABLE_FAST_STRING: u64 = 1;
+const MTRR_ENABLE: u64 = 1 << 11;
+const MTRR_MEM_TYPE_WB: u64 = 6;
+
+const APIC_LVT0: usize = 0x350;
+const APIC_LVT1: usize = 0x360;
+const APIC_MODE_NMI: u32 = 0x4;
+const APIC_MODE_EXTINT: u32 = 0x7;
+
+/// Adjusts the supported CPUID for vCPU `id` of `num_cpus`: APIC ids, logical CPU count and
+/// the hypervisor bit. (On an interpreting KVM the guest still sees the host's CPUID.)
+pub fn patch_cpuid(cpuid: &mut CpuId, id: u8, num_cpus: u8) {
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            1 => {
+                e.ebx = (e.ebx & 0x0000_ffff) | (u32::from(id) << 24) | (u32::from(num_cpus) << 16);
+                e.ecx |= 1 << 31; // hypervisor present
+                if num_cpus > 1 {
+                    e.edx |= 1 << 28; // HTT: multi-CPU package
+                }
+            }
+            0xb => {
+                e.edx = u32::from(id);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The MSRs a 64-bit Linux boot expects.
+pub fn boot_msr_entries() -> Vec<kvm_msr_entry> {
+    [
+        (MSR_IA32_SYSENTER_CS, 0),
+        (MSR_IA32_SYSENTER_ESP, 0),
+        (MSR_IA32_SYSENTER_EIP, 0),
+        (MSR_STAR, 0),
+        (MSR_CSTAR, 0),
+        (MSR_KERNEL_GS_BASE, 0),
+        (MSR_SYSCALL_MASK, 0),
+        (MSR_LSTAR, 0),
+        (MSR_IA32_TSC, 0),
+        (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
+        (MSR_MTRR_DEF_TYPE, MTRR_ENABLE | MTRR_MEM_TYPE_WB),
+    ]
+    .into_iter()
+    .map(|(index, data)| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    })
+    .collect()
+}
+
+fn lapic_reg(regs: &[std::os::raw::c_char], off: usize) -> u32 {
+    let b = |i: usize| regs[off + i] as u8;
+    u32::from_le_bytes([b(0), b(1), b(2), b(3)])
+}
+
+fn set_lapic_reg(regs: &mut [std::os::raw::c_char], off: usize, v: u32) {
+    for (i, byte) in v.to_le_bytes().iter().enumerate() {
+        regs[off + i] = *byte as std::os::raw::c_char;
+    }
+}
+
+fn delivery_mode(reg: u32, mode: u32) -> u32 {
+    (reg & !0x700) | (mode << 8)
+}
+
+/// Configures vCPU `id` to enter the kernel at `entry` in 64-bit mode with the boot GDT,
+/// identity page tables at `cr3` and `rsi` pointing at the zero page.
+pub fn configure_vcpu(
+    vcpu: &VcpuFd,
+    id: u8,
+    num_cpus: u8,
+    entry: GuestAddress,
+    cr3: u64,
+    supported_cpuid: &CpuId,
+) -> Result<(), VcpuError> {
+    let io = |what: &'static str| move |e| VcpuError::Ioctl(id, what, e);
+
+    let mut cpuid = supported_cpuid.clone();
+    patch_cpuid(&mut cpuid, id, num_cpus);
+    vcpu.set_cpuid2(&cpuid).map_err(io("KVM_SET_CPUID2"))?;
+
+    let entries = boot_msr_entries();
+    let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::Msrs(id))?;
+    let n = vcpu.set_msrs(&msrs).map_err(io("KVM_SET_MSRS"))?;
+    if n != entries.len() {
+        return Err(VcpuError::MsrsPartial(id, n, entries.len()));
+    }
+
+    let regs = kvm_regs {
+        rflags: 0x2,
+        rip: entry.0,
+        rsp: BOOT_STACK_POINTER,
+        rbp: BOOT_STACK_POINTER,
+        rsi: ZERO_PAGE_START,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(io("KVM_SET_REGS"))?;
+
+    let mut sregs = vcpu.get_sregs().map_err(io("KVM_GET_SREGS"))?;
+    let table = gdt::boot_gdt();
+    sregs.gdt.base = BOOT_GDT_START;
+    sregs.gdt.limit = (std::mem::size_of_val(&table) - 1) as u16;
+    sregs.idt.base = BOOT_IDT_START;
+    sregs.idt.limit = 7;
+    let code = gdt::segment_from_gdt(table[1], 1);
+    let data = gdt::segment_from_gdt(table[2], 2);
+    let tss = gdt::segment_from_gdt(table[3], 3);
+    sregs.cs = code;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = tss;
+    sregs.cr0 |= X86_CR0_PE | X86_CR0_PG;
+    sregs.cr3 = cr3;
+    sregs.cr4 |= X86_CR4_PAE;
+    sregs.efer |= EFER_LME | EFER_LMA;
+    vcpu.set_sregs(&sregs).map_err(io("KVM_SET_SREGS"))?;
+
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu).map_err(io("KVM_SET_FPU"))?;
+
+    let mut lapic = vcpu.get_lapic().map_err(io("KVM_GET_LAPIC"))?;
+    let lvt0 = lapic_reg(&lapic.regs, APIC_LVT0);
+    set_lapic_reg(
+        &mut lapic.regs,
+        APIC_LVT0,
+        delivery_mode(lvt0, APIC_MODE_EXTINT),
+    );
+    let lvt1 = lapic_reg(&lapic.regs, APIC_LVT1);
+    set_lapic_reg(
+        &mut lapic.regs,
+        APIC_LVT1,
+        delivery_mode(lvt1, APIC_MODE_NMI),
+    );
+    vcpu.set_lapic(&lapic).map_err(io("KVM_SET_LAPIC"))?;
+    Ok(())
+}
+
+thread_local! {
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let p = KVM_RUN.with(|c| c.get());
+    if !p.is_null() {
+        // SAFETY: `p` points at this thread's mmapped kvm_run, set by the run loop before its
+        // first KVM_RUN and valid for the thread's lifetime; immediate_exit is a plain u8 that
+        // KVM reads on the next KVM_RUN entry.
+        unsafe { (*p).immediate_exit = 1 };
+    }
+}
+
+/// The signal used to kick vCPUs out of KVM_RUN.
+pub fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN()
+}
+
+/// Installs the (process-wide) vCPU kick handler.
+pub fn install_kick_handler() -> std::io::Result<()> {
+    // SAFETY: a zeroed sigaction is a valid starting point; we set a handler with the
+    // SA_SIGINFO signature and an empty mask, and pass valid pointers to sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = kick_handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(kick_signal(), &sa, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+enum Action {
+    Continue,
+    Stop(Outcome),
+    InternalError,
+    Shutdown,
+}
+
+/// A vCPU thread's state.
+pub struct VcpuRunner {
+    /// vCPU index.
+    pub id: u8,
+    /// The vCPU.
+    pub fd: VcpuFd,
+    /// Port I/O bus.
+    pub pio: Arc<Bus>,
+    /// MMIO bus.
+    pub mmio: Arc<Bus>,
+    /// Outcome channel.
+    pub events: Sender<VmEvent>,
+    /// Set to stop the loop (together with a kick).
+    pub stop: Arc<AtomicBool>,
+}
+
+impl VcpuRunner {
+    /// Rendezvous on `arrived` (start-up done), waits on `start` (seccomp installed), then
+    /// runs the guest until an outcome and reports it on `events`.
+    pub fn run(mut self, arrived: Arc<Barrier>, start: Arc<Barrier>) {
+        let run_ptr: *mut kvm_run = self.fd.get_kvm_run();
+        KVM_RUN.with(|c| c.set(run_ptr));
+        arrived.wait();
+        start.wait();
+        let outcome = self.run_loop();
+        KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+        if let Some(o) = outcome {
+            let _ = self.events.send(VmEvent::Stopped(o));
+        }
+    }
+
+    fn run_loop(&mut self) -> Option<Outcome> {
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return None;
+            }
+            let action = match self.fd.run() {
+                Ok(exit) => match exit {
+                    VcpuExit::IoIn(port, data) => {
+                        self.pio.read(u64::from(port), data);
+                        Action::Continue
+                    }
+                    VcpuExit::IoOut(port, data) => {
+                        self.pio.write(u64::from(port), data);
+                        Action::Continue
+                    }
+                    VcpuExit::MmioRead(addr, data) => {
+                        self.mmio.read(addr, data);
+                        Action::Continue
+                    }
+                    VcpuExit::MmioWrite(addr, data) => {
+                        self.mmio.write(addr, data);
+                        Action::Continue
+                    }
+                    VcpuExit::Hlt => Action::Stop(Outcome::GuestHalted),
+                    VcpuExit::Shutdown => Action::Shutdown,
+                    VcpuExit::FailEntry(reason, _cpu) => Action::Stop(Outcome::FailEntry {
+                        vcpu: self.id,
+                        reason,
+                    }),
+                    VcpuExit::InternalError => Action::InternalError,
+                    VcpuExit::SystemEvent(ty, _) => match ty {
+                        kvm_bindings::KVM_SYSTEM_EVENT_RESET => Action::Stop(Outcome::GuestReset),
+                        kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => {
+                            Action::Stop(Outcome::GuestHalted)
+                        }
+                        kvm_bindings::KVM_SYSTEM_EVENT_CRASH => Action::Stop(Outcome::KernelPanic),
+                        other => Action::Stop(Outcome::UnexpectedExit {
+                            vcpu: self.id,
+                            what: format!("system event {other}"),
+                        }),
+                    },
+                    VcpuExit::Intr | VcpuExit::IrqWindowOpen => Action::Continue,
+                    other => Action::Stop(Outcome::UnexpectedExit {
+                        vcpu: self.id,
+                        what: format!("{other:?}"),
+                    }),
+                },
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    Action::Continue
+                }
+                Err(e) => Action::Stop(Outcome::Internal(format!(
+                    "vcpu {}: KVM_RUN failed: {e}",
+                    self.id
+                ))),
+            };
+            match action {
+                Action::Continue => {}
+                Action::Stop(o) => return Some(o),
+                Action::Shutdown => {
+                    return Some(Outcome::TripleFault {
+                        vcpu: self.id,
+                        rip: self.fd.get_regs().ok().map(|r| r.rip),
+                    })
+                }
+                Action::InternalError => return Some(self.internal_error()),
+            }
+        }
+    }
+
+    fn internal_error(&mut self) -> Outcome {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: exit_reason was KVM_EXIT_INTERNAL_ERROR, so the `internal` member of the
+        // union is the one KVM filled; `emulation_failure` shares its first fields and, for
+        // suberror KVM_INTERNAL_ERROR_EMULATION, carries the instruction bytes. Both are plain
+        // integer data, so reading them is valid whatever KVM wrote.
+        let (suberror, insn) = unsafe {
+            let internal = run.__bindgen_anon_1.internal;
+            let mut insn = Vec::new();
+            if internal.suberror == kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
+                let ef = run.__bindgen_anon_1.emulation_failure;
+                let bytes = ef.__bindgen_anon_1.__bindgen_anon_1;
+                let n = usize::from(bytes.insn_size).min(bytes.insn_bytes.len());
+                insn.extend_from_slice(&bytes.insn_bytes[..n]);
+            }
+            (internal.suberror, insn)
+        };
+        Outcome::EmulationFailure {
+            vcpu: self.id,
+            suberror,
+            insn,
+            rip: self.fd.get_regs().ok().map(|r| r.rip),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn msr_list() {
+        let m = boot_msr_entries();
+        assert_eq!(m.len(), 11);
+        let mtrr = m.iter().find(|e| e.index == MSR_MTRR_DEF_TYPE).unwrap();
+        assert_eq!(mtrr.data, 0x806);
+    }
+
+    #[test]
+    fn lapic_helpers() {
+        let mut regs = [0 as std::os::raw::c_char; 1024];
+        set_lapic_reg(&mut regs, APIC_LVT0, 0x1_0000);
+        let v = lapic_reg(&regs, APIC_LVT0);
+        assert_eq!(delivery_mode(v, APIC_MODE_EXTINT), 0x1_0700);
+        assert_eq!(delivery_mode(0x700, APIC_MODE_NMI), 0x400);
+    }
+
+    #[test]
+    fn cpuid_patch() {
+        let mut c = CpuId::new(2).unwrap();
+        c.as_mut_slice()[0].function = 1;
+        c.as_mut_slice()[0].ebx = 0xffff_ffff;
+        c.as_mut_slice()[1].function = 0xb;
+        patch_cpuid(&mut c, 3, 4);
+        let s = c.as_slice();
+        assert_eq!(s[0].ebx >> 24, 3);
+        assert_eq!((s[0].ebx >> 16) & 0xff, 4);
+        assert_eq!(s[0].ebx & 0xffff, 0xffff);
+        assert_ne!(s[0].ecx & (1 << 31), 0);
+        assert_eq!(s[1].edx, 3);
+    }
+}

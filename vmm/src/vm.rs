@@ -1,0 +1,471 @@
+//! Building one VM (KVM, memory, devices, boot) and running it to an outcome.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::os::unix::thread::JoinHandleExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::boot;
+use crate::bus::Bus;
+use crate::config::{build_cmdline, ConfigError, MmioAnnouncement, VmConfig};
+use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use crate::devices::serial::{
+    ConsoleLog, ConsoleTail, SerialDevice, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_LEN,
+};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::Interrupt;
+use crate::devices::vsock::muxer::Muxer;
+use crate::devices::vsock::{VsockBackend, VsockDevice};
+use crate::exit::{ExitCode, Outcome, VmEvent};
+use crate::memory::{
+    create_guest_memory, GuestMem, KVM_TSS_ADDRESS, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
+    VIRTIO_MMIO_SIZE,
+};
+use crate::status::StatusWriter;
+use crate::vcpu::{configure_vcpu, kick_signal, VcpuRunner};
+
+/// How long after "Kernel panic" on the console we wait for the guest's reset.
+pub const PANIC_GRACE: Duration = Duration::from_secs(3);
+
+/// Errors building a VM, classified by exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// /dev/kvm missing, inaccessible or lacking a capability.
+    #[error("KVM unavailable: {0}")]
+    KvmUnavailable(String),
+    /// Invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Anything else while building the VM.
+    #[error("VM setup failed: {0}")]
+    Setup(String),
+}
+
+impl VmError {
+    /// Exit code for this error.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            VmError::KvmUnavailable(_) => ExitCode::KvmUnavailable,
+            VmError::Config(_) => ExitCode::Config,
+            VmError::Setup(_) => ExitCode::Setup,
+        }
+    }
+}
+
+fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> VmError {
+    move |e| VmError::Setup(format!("{what}: {e}"))
+}
+
+/// Opens /dev/kvm and checks the capabilities the VMM relies on.
+pub fn open_kvm() -> Result<Kvm, VmError> {
+    let kvm =
+        Kvm::new().map_err(|e| VmError::KvmUnavailable(format!("cannot open /dev/kvm: {e}")))?;
+    if kvm.get_api_version() != 12 {
+        return Err(VmError::KvmUnavailable(format!(
+            "unsupported KVM API version {}",
+            kvm.get_api_version()
+        )));
+    }
+    for (cap, name) in [
+        (Cap::Irqchip, "IRQCHIP"),
+        (Cap::Pit2, "PIT2"),
+        (Cap::Irqfd, "IRQFD"),
+        (Cap::ImmediateExit, "IMMEDIATE_EXIT"),
+        (Cap::UserMemory, "USER_MEMORY"),
+        (Cap::SetTssAddr, "SET_TSS_ADDR"),
+        (Cap::ExtCpuid, "EXT_CPUID"),
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(VmError::KvmUnavailable(format!(
+                "missing capability KVM_CAP_{name}"
+            )));
+        }
+    }
+    Ok(kvm)
+}
+
+/// Binds the per-VM vsock Unix socket (replacing a stale socket file, never another file).
+pub fn bind_vsock_socket(path: &Path) -> Result<UnixListener, VmError> {
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            fs::remove_file(path).map_err(setup("removing stale vsock socket"))?;
+        } else {
+            return Err(VmError::Setup(format!(
+                "vsock socket path {} exists and is not a socket",
+                path.display()
+            )));
+        }
+    }
+    let l = UnixListener::bind(path).map_err(setup("binding vsock socket"))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .map_err(setup("chmod vsock socket"))?;
+    Ok(l)
+}
+
+/// A built VM whose threads are not started yet.
+pub struct Vm {
+    /// The kernel command line in use.
+    pub cmdline: String,
+    /// Time spent building the VM.
+    pub setup_time: Duration,
+    _kvm: Kvm,
+    _vm_fd: VmFd,
+    _mem: GuestMem,
+    vcpus: Vec<VcpuFd>,
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    serial: Arc<Mutex<SerialDevice>>,
+    console_tail: Arc<Mutex<ConsoleTail>>,
+    muxer: Option<Muxer>,
+    events_tx: Sender<VmEvent>,
+    events_rx: Receiver<VmEvent>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Vm {
+    /// Builds everything up to (not including) the first KVM_RUN.
+    pub fn build(cfg: &VmConfig) -> Result<Vm, VmError> {
+        let t0 = Instant::now();
+        cfg.validate()?;
+        let kvm = open_kvm()?;
+        let vm_fd = kvm
+            .create_vm()
+            .map_err(|e| VmError::KvmUnavailable(format!("KVM_CREATE_VM: {e}")))?;
+        vm_fd
+            .set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(setup("KVM_SET_TSS_ADDR"))?;
+        vm_fd
+            .create_irq_chip()
+            .map_err(setup("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        vm_fd.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
+
+        let mem =
+            create_guest_memory(u64::from(cfg.memory_mb) << 20).map_err(setup("guest memory"))?;
+        for (slot, region) in mem.iter().enumerate() {
+            let r = kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: region.as_ptr() as u64,
+                flags: 0,
+            };
+            // SAFETY: the region is a live mmap owned by `mem`, which the Vm keeps alive for
+            // as long as the VM fd (both are dropped together, after all vCPU threads stop or
+            // the process exits); the range does not overlap another slot.
+            unsafe { vm_fd.set_user_memory_region(r) }
+                .map_err(setup("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+
+        let (events_tx, events_rx) = channel();
+        let mut pio = Bus::new();
+        let mut mmio = Bus::new();
+
+        // Serial console.
+        let console_file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&cfg.console_log)
+            .map_err(|e| {
+                VmError::Setup(format!("console log {}: {e}", cfg.console_log.display()))
+            })?;
+        let console = ConsoleLog::new(Some(console_file), Some(events_tx.clone()));
+        let console_tail = console.tail();
+        let serial_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
+        vm_fd
+            .register_irqfd(&serial_evt, SERIAL_IRQ)
+            .map_err(setup("KVM_IRQFD (serial)"))?;
+        let serial = Arc::new(Mutex::new(SerialDevice::new(serial_evt, console)));
+        pio.insert(serial.clone(), SERIAL_PORT_BASE, SERIAL_PORT_LEN)
+            .map_err(setup("serial"))?;
+        pio.insert(
+            Arc::new(Mutex::new(I8042::new(events_tx.clone()))),
+            I8042_BASE,
+            I8042_LEN,
+        )
+        .map_err(setup("i8042"))?;
+
+        // vsock.
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut announcements = Vec::new();
+        let mut muxer = None;
+        if let Some(path) = &cfg.vsock_uds {
+            let listener = bind_vsock_socket(path)?;
+            let base = VIRTIO_MMIO_BASE;
+            let irq_num = VIRTIO_IRQ_BASE;
+            let irq_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
+            vm_fd
+                .register_irqfd(&irq_evt, irq_num)
+                .map_err(setup("KVM_IRQFD (vsock)"))?;
+            let irq = Arc::new(Interrupt::new(irq_evt));
+            let backend = Arc::new(Mutex::new(VsockBackend::new(
+                cfg.vsock_cid,
+                irq.clone(),
+                Some(events_tx.clone()),
+            )));
+            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
+            let dev = VsockDevice::new(backend.clone(), kick.clone());
+            let transport = MmioTransport::new(Box::new(dev), mem.clone(), irq);
+            mmio.insert(Arc::new(Mutex::new(transport)), base, VIRTIO_MMIO_SIZE)
+                .map_err(setup("virtio-mmio"))?;
+            announcements.push(MmioAnnouncement { base, irq: irq_num });
+            muxer = Some(
+                Muxer::new(listener, kick, backend, stop.clone()).map_err(setup("vsock muxer"))?,
+            );
+        }
+
+        // vCPUs.
+        let mut vcpus = Vec::with_capacity(usize::from(cfg.vcpus));
+        for i in 0..cfg.vcpus {
+            vcpus.push(
+                vm_fd
+                    .create_vcpu(u64::from(i))
+                    .map_err(setup("KVM_CREATE_VCPU"))?,
+            );
+        }
+        let tsc_khz = if cfg.vcpus > 1 {
+            vcpus[0].get_tsc_khz().ok()
+        } else {
+            None
+        };
+        let cmdline = build_cmdline(cfg, tsc_khz, &announcements)?;
+
+        // Boot.
+        let kernel = boot::load_kernel(&mem, &cfg.kernel).map_err(setup("kernel"))?;
+        let initrd = match &cfg.initramfs {
+            Some(p) => Some(boot::load_initramfs(&mem, p, &kernel).map_err(setup("initramfs"))?),
+            None => None,
+        };
+        boot::write_cmdline(&mem, &cmdline).map_err(setup("cmdline"))?;
+        boot::configure_system(&mem, cmdline.len(), initrd, kernel.setup_header, cfg.vcpus)
+            .map_err(setup("boot params"))?;
+        boot::write_gdt_idt(&mem).map_err(setup("GDT"))?;
+        let cr3 = boot::paging::setup_identity_map(&mem).map_err(setup("page tables"))?;
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
+        for (i, v) in vcpus.iter().enumerate() {
+            configure_vcpu(v, i as u8, cfg.vcpus, kernel.entry, cr3, &cpuid)
+                .map_err(setup("vCPU"))?;
+        }
+
+        Ok(Vm {
+            cmdline,
+            setup_time: t0.elapsed(),
+            _kvm: kvm,
+            _vm_fd: vm_fd,
+            _mem: mem,
+            vcpus,
+            pio: Arc::new(pio),
+            mmio: Arc::new(mmio),
+            serial,
+            console_tail,
+            muxer,
+            events_tx,
+            events_rx,
+            stop,
+        })
+    }
+
+    /// Spawns the vCPU and muxer threads; they block until [`Running::release`].
+    pub fn spawn(self) -> Result<Running, VmError> {
+        crate::vcpu::install_kick_handler().map_err(setup("signal handler"))?;
+        let n_threads = self.vcpus.len() + usize::from(self.muxer.is_some()) + 1;
+        // Two rendezvous: every thread has finished its start-up syscalls (so TSYNC covers a
+        // fully started thread), then the filter is installed, then the guest runs.
+        let arrived = Arc::new(Barrier::new(n_threads));
+        let start = Arc::new(Barrier::new(n_threads));
+        let mut vcpu_threads = Vec::new();
+        for (i, fd) in self.vcpus.into_iter().enumerate() {
+            let runner = VcpuRunner {
+                id: i as u8,
+                fd,
+                pio: self.pio.clone(),
+                mmio: self.mmio.clone(),
+                events: self.events_tx.clone(),
+                stop: self.stop.clone(),
+            };
+            let (a, b) = (arrived.clone(), start.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("vcpu{i}"))
+                .spawn(move || runner.run(a, b))
+                .map_err(setup("spawning vCPU thread"))?;
+            vcpu_threads.push(h);
+        }
+        let mut muxer_thread = None;
+        if let Some(m) = self.muxer {
+            let (a, b) = (arrived.clone(), start.clone());
+            muxer_thread = Some(
+                std::thread::Builder::new()
+                    .name("vsock".into())
+                    .spawn(move || {
+                        a.wait();
+                        b.wait();
+                        m.run();
+                    })
+                    .map_err(setup("spawning vsock thread"))?,
+            );
+        }
+        arrived.wait();
+        Ok(Running {
+            _kvm: self._kvm,
+            _vm_fd: self._vm_fd,
+            _mem: self._mem,
+            events_rx: self.events_rx,
+            serial: self.serial,
+            console_tail: self.console_tail,
+            stop: self.stop,
+            vcpu_threads,
+            _muxer_thread: muxer_thread,
+            start,
+        })
+    }
+}
+
+/// A VM whose threads exist.
+pub struct Running {
+    _kvm: Kvm,
+    _vm_fd: VmFd,
+    _mem: GuestMem,
+    events_rx: Receiver<VmEvent>,
+    serial: Arc<Mutex<SerialDevice>>,
+    console_tail: Arc<Mutex<ConsoleTail>>,
+    stop: Arc<AtomicBool>,
+    vcpu_threads: Vec<JoinHandle<()>>,
+    _muxer_thread: Option<JoinHandle<()>>,
+    start: Arc<Barrier>,
+}
+
+/// Deadlines for [`Running::wait_outcome`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    /// Guest must accept a vsock connection within this time.
+    pub boot: Option<Duration>,
+    /// Whole-VM wall-clock limit.
+    pub wall: Option<Duration>,
+}
+
+impl Running {
+    /// Lets the vCPUs enter the guest (call after installing seccomp).
+    pub fn release(&self) {
+        self.start.wait();
+    }
+
+    /// The last console lines (secrets redacted).
+    pub fn console_tail(&self) -> Vec<String> {
+        self.console_tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lines()
+    }
+
+    /// Flushes buffered console output to the log file.
+    pub fn flush_console(&self) {
+        self.serial
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .flush();
+    }
+
+    /// Asks the vCPUs to leave KVM_RUN (sets the stop flag and signals each thread).
+    pub fn kick_all(&self) {
+        self.stop.store(true, Ordering::Release);
+        for t in &self.vcpu_threads {
+            // SAFETY: the pthread_t comes from a JoinHandle we still hold, so the thread has
+            // not been joined/detached; the kick signal has a handler installed.
+            unsafe {
+                libc::pthread_kill(t.as_pthread_t(), kick_signal());
+            }
+        }
+    }
+
+    /// Waits for the VM's outcome, emitting progress events on `status`.
+    pub fn wait_outcome(&self, deadlines: Deadlines, status: &StatusWriter) -> Outcome {
+        let started = Instant::now();
+        let mut ready = false;
+        let mut panic_at: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let mut next: Vec<(Instant, Outcome)> = Vec::new();
+            if let Some(w) = deadlines.wall {
+                next.push((started + w, Outcome::WallLimit));
+            }
+            if let (Some(b), false) = (deadlines.boot, ready) {
+                next.push((started + b, Outcome::BootTimeout));
+            }
+            if let Some(p) = panic_at {
+                next.push((p + PANIC_GRACE, Outcome::KernelPanic));
+            }
+            next.sort_by_key(|(t, _)| *t);
+            let ev = match next.first() {
+                Some((t, o)) => {
+                    if *t <= now {
+                        return o.clone();
+                    }
+                    match self.events_rx.recv_timeout(*t - now) {
+                        Ok(ev) => ev,
+                        Err(RecvTimeoutError::Timeout) => return o.clone(),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            return Outcome::Internal("event channel closed".into())
+                        }
+                    }
+                }
+                None => match self.events_rx.recv() {
+                    Ok(ev) => ev,
+                    Err(_) => return Outcome::Internal("event channel closed".into()),
+                },
+            };
+            match ev {
+                VmEvent::Stopped(o) => {
+                    if panic_at.is_some()
+                        && matches!(
+                            o,
+                            Outcome::GuestReset
+                                | Outcome::TripleFault { .. }
+                                | Outcome::GuestHalted
+                        )
+                    {
+                        return Outcome::KernelPanic;
+                    }
+                    return o;
+                }
+                VmEvent::GuestReady => {
+                    if !ready {
+                        ready = true;
+                        status.emit(&serde_json::json!({
+                            "event": "guest_ready",
+                            "ms": started.elapsed().as_millis() as u64,
+                        }));
+                    }
+                }
+                VmEvent::PanicSeen => {
+                    panic_at.get_or_insert_with(Instant::now);
+                    status.emit(&serde_json::json!({"event": "kernel_panic_seen"}));
+                }
+                VmEvent::DeviceBroken(dev, why) => {
+                    status.emit(&serde_json::json!({
+                        "event": "device_broken", "device": dev, "reason": why,
+                    }));
+                }
+            }
+        }
+    }
+}
