@@ -1,4 +1,59 @@
 //! The voidbox guest agent: PID 1 inside every micro-VM.
 //!
-//! It will own guest init (mounts, reaping), the authenticated vsock server, exec with
-//! resource limits and a watchdog, and file RPCs confined to the workspace (issue #3).
+//! * [`init`]: guest init as PID 1 — mounts, hostname, loopback, power-off.
+//! * [`cmdline`]: `voidbox.*` boot parameters from `/proc/cmdline`.
+//! * [`server`]: the vsock (or, on the host, Unix-socket) server; one thread per
+//!   connection and per long-running request, multiplexed by request id.
+//! * [`auth`]: session-secret handling and the handshake.
+//! * [`policy`]: command allowlist, rlimits, timeouts.
+//! * [`exec`] + [`spawn`]: running programs as uid/gid 1000 with limits, streaming output.
+//! * [`reaper`] + [`watchdog`]: the single `waitpid` owner and the timeout killer.
+//! * [`files`]: file RPCs confined with `openat2(RESOLVE_IN_ROOT)`.
+//! * [`pty`]: interactive sessions on a pseudo-terminal.
+//! * [`telemetry`]: resource statistics from `/proc`.
+
+pub mod auth;
+pub mod cli;
+pub mod cmdline;
+pub mod exec;
+pub mod files;
+pub mod init;
+pub mod policy;
+pub mod pty;
+pub mod reaper;
+pub mod server;
+pub mod spawn;
+pub mod telemetry;
+pub mod watchdog;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static DEBUG: AtomicBool = AtomicBool::new(false);
+
+/// Turns debug logging on or off.
+pub fn set_debug(on: bool) {
+    DEBUG.store(on, Ordering::Relaxed);
+}
+
+/// Whether debug logging is on.
+pub fn debug_enabled() -> bool {
+    DEBUG.load(Ordering::Relaxed)
+}
+
+/// Logs a line to stderr (the guest console when PID 1).
+#[macro_export]
+macro_rules! log {
+    ($($arg:tt)*) => {
+        eprintln!("voidbox-agent: {}", format_args!($($arg)*))
+    };
+}
+
+/// Logs a line when debug logging is on.
+#[macro_export]
+macro_rules! debug {
+    ($($arg:tt)*) => {
+        if $crate::debug_enabled() {
+            $crate::log!($($arg)*);
+        }
+    };
+}
