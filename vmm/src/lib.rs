@@ -16,6 +16,7 @@ pub mod exit;
 pub mod logger;
 pub mod memory;
 pub mod probe;
+pub mod process;
 pub mod seccomp;
 pub mod status;
 pub mod vcpu;

@@ -1,14 +1,546 @@
-//! The guest image (kernel + initramfs) builder and cache. Owned by the image work (issue #3).
+//! The guest image: a Linux kernel (`vmlinux`) built from Debian's `linux-source-6.1`
+//! with the recipe in `guest-agent/image/`, and an uncompressed initramfs with the
+//! guest agent as `/init` — built on first use and cached by content hash.
+//!
+//! Entry points: [`ensure_image`] for the apply/run paths, [`run_cli`] for
+//! `voidbox image build|ls|rm|verify|probe`. See `guest-agent/image/README.md`.
+
+pub mod agent;
+pub mod build;
+pub mod cache;
+pub mod cpio;
+pub mod deps;
+pub mod error;
+pub mod initramfs;
+pub mod kconfig;
+pub mod kernel;
+pub mod manifest;
+pub mod progress;
+pub mod recipe;
+pub mod verify;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+pub use cache::Cache;
+pub use error::ImageError;
+pub use manifest::Manifest;
+pub use progress::ProgressMode;
+pub use recipe::Profile;
+use voidbox_vmm::probe::{self, HostKvm};
+
+/// Which profile to build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProfileChoice {
+    /// Probe the host's KVM: `compat` where it emulates guest kernel mode, else `plain`.
+    #[default]
+    Auto,
+    /// Stock kernel for hardware virtualisation.
+    Plain,
+    /// Patched kernel for KVM that emulates guest kernel mode.
+    Compat,
+}
+
+/// Options of [`ensure_image`].
+#[derive(Debug, Clone, Default)]
+pub struct EnsureOptions {
+    /// Profile to use (`Auto` probes the host).
+    pub profile: ProfileChoice,
+    /// Cache root (default: `$XDG_CACHE_HOME/voidbox`).
+    pub cache_dir: Option<PathBuf>,
+    /// Guest agent binary (default: see [`agent::resolve`]).
+    pub guest_agent: Option<PathBuf>,
+    /// Parallel compile jobs (default: available cores).
+    pub jobs: Option<usize>,
+    /// Rebuild even when cached.
+    pub force: bool,
+    /// Keep the kernel build tree.
+    pub keep_build_dir: bool,
+    /// Progress output.
+    pub progress: ProgressMode,
+}
+
+/// A ready image.
+#[derive(Debug, Clone)]
+pub struct ImageInfo {
+    /// Content hash (directory name).
+    pub hash: String,
+    /// Image directory.
+    pub dir: PathBuf,
+    /// Uncompressed ELF kernel (PVH note present; entry at 16 MiB).
+    pub vmlinux: PathBuf,
+    /// Uncompressed newc initramfs.
+    pub initramfs: PathBuf,
+    /// Kernel profile.
+    pub profile: Profile,
+    /// `uname -r` of the guest.
+    pub kernel_release: String,
+    /// Kernel command line the image expects; the VMM appends devices and `voidbox.*`.
+    pub cmdline: String,
+    /// Full manifest.
+    pub manifest: Manifest,
+    /// Whether it was built by this call.
+    pub freshly_built: bool,
+}
+
+impl ImageInfo {
+    fn from_dir(dir: &Path, manifest: Manifest, fresh: bool) -> ImageInfo {
+        ImageInfo {
+            hash: manifest.hash.clone(),
+            dir: dir.to_path_buf(),
+            vmlinux: dir.join(&manifest.vmlinux.file),
+            initramfs: dir.join(&manifest.initramfs.file),
+            profile: manifest.profile,
+            kernel_release: manifest.kernel.release.clone(),
+            cmdline: manifest.cmdline.clone(),
+            manifest,
+            freshly_built: fresh,
+        }
+    }
+}
+
+/// Maps the probe's verdict to a profile.
+pub fn profile_for(host: HostKvm) -> Profile {
+    match host {
+        HostKvm::Hardware => Profile::Plain,
+        HostKvm::EmulatedKernelMode => Profile::Compat,
+    }
+}
+
+/// Resolves `Auto` with the host KVM probe.
+pub fn resolve_profile(choice: ProfileChoice) -> Result<Profile, ImageError> {
+    Ok(match choice {
+        ProfileChoice::Plain => Profile::Plain,
+        ProfileChoice::Compat => Profile::Compat,
+        ProfileChoice::Auto => profile_for(probe::probe()?.kind),
+    })
+}
+
+/// Returns the image for these options, building it first if it is not cached
+/// (minutes, with progress on stderr). Environment problems (no apt/root/network, no
+/// KVM for `Auto`, no guest agent) are [`ImageError::Environment`]/[`ImageError::Probe`],
+/// whose [`ImageError::exit_code`] is 3.
+pub fn ensure_image(opts: &EnsureOptions) -> Result<ImageInfo, ImageError> {
+    let cache = Cache::open(opts.cache_dir.as_deref())?;
+    let profile = resolve_profile(opts.profile)?;
+    let mut p = progress::Progress::new(opts.progress);
+    let agent = build::resolve_agent(opts.guest_agent.as_deref(), &p)?;
+    let req = build::BuildRequest {
+        profile,
+        guest_agent: agent,
+        jobs: opts.jobs.unwrap_or_else(default_jobs),
+        force: opts.force,
+        keep_build_dir: opts.keep_build_dir,
+    };
+    let built = build::build(&cache, &req, &mut p)?;
+    p.finish();
+    Ok(ImageInfo::from_dir(&built.dir, built.manifest, built.fresh))
+}
+
+/// Available cores.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Output format of `ls`/`verify`/`probe`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Text for people.
+    #[default]
+    Human,
+    /// JSON on stdout.
+    Json,
+}
 
 /// `voidbox image` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
-    /// Build the guest image (kernel + initramfs) into the cache.
-    Build,
+    /// Build the guest image (kernel + initramfs) into the cache; takes minutes the first time.
+    Build {
+        /// Kernel profile; `auto` probes the host's KVM.
+        #[arg(long, value_enum, default_value_t = ProfileChoice::Auto)]
+        profile: ProfileChoice,
+        /// Guest agent binary for /init (default: build it from this source tree).
+        #[arg(long, value_name = "PATH")]
+        guest_agent: Option<PathBuf>,
+        /// Parallel compile jobs (default: number of cores).
+        #[arg(long, short)]
+        jobs: Option<usize>,
+        /// Rebuild even if the image (and its kernel) are cached.
+        #[arg(long)]
+        force: bool,
+        /// Keep the kernel build tree (under the cache's tmp/).
+        #[arg(long)]
+        keep_build_dir: bool,
+        /// Cache root (default: $XDG_CACHE_HOME/voidbox or ~/.cache/voidbox).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Print the result as JSON on stdout.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// List cached images.
+    Ls {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Remove cached images by hash prefix, or all of them.
+    Rm {
+        /// Hash prefixes of the images to remove.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        hashes: Vec<String>,
+        /// Remove every image and cached kernel.
+        #[arg(long)]
+        all: bool,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Check cached images: artifact hashes vs manifest, kernel ELF, initramfs contents.
+    Verify {
+        /// Hash prefixes (default: every cached image).
+        hashes: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Probe the host's KVM (hardware or emulated guest kernel mode) and the profile it needs.
+    Probe {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
 }
 
-/// Runs an `voidbox image` subcommand.
-pub fn run_cli(_cmd: ImageCommand) -> std::process::ExitCode {
-    eprintln!("error: `voidbox image` is not built yet");
-    std::process::ExitCode::from(3)
+/// Runs a `voidbox image` subcommand.
+pub fn run_cli(cmd: ImageCommand) -> ExitCode {
+    match run(cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
+    match cmd {
+        ImageCommand::Build {
+            profile,
+            guest_agent,
+            jobs,
+            force,
+            keep_build_dir,
+            cache_dir,
+            format,
+        } => {
+            if profile == ProfileChoice::Auto {
+                let r = probe::probe()?;
+                eprintln!("host KVM: {} ({})", r.kind, describe_probe(&r));
+            }
+            let info = ensure_image(&EnsureOptions {
+                profile,
+                cache_dir,
+                guest_agent,
+                jobs,
+                force,
+                keep_build_dir,
+                progress: ProgressMode::Auto,
+            })?;
+            eprintln!(
+                "{} image {} ({} profile, kernel {}){}",
+                if info.freshly_built {
+                    "built"
+                } else {
+                    "cached"
+                },
+                info.hash,
+                info.profile,
+                info.kernel_release,
+                if info.freshly_built {
+                    format!(" in {:.0}s", info.manifest.build_seconds)
+                } else {
+                    String::new()
+                }
+            );
+            match format {
+                Format::Json => println!("{}", info_json(&info)),
+                Format::Human => {
+                    println!("{}", info.dir.display());
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Ls { format, cache_dir } => {
+            let cache = Cache::open(cache_dir.as_deref())?;
+            let (images, broken) = cache.list()?;
+            match format {
+                Format::Json => {
+                    let v: Vec<_> = images
+                        .iter()
+                        .map(|i| {
+                            serde_json::json!({
+                                "hash": i.manifest.hash,
+                                "dir": i.dir,
+                                "profile": i.manifest.profile,
+                                "kernel_release": i.manifest.kernel.release,
+                                "vmlinux_size": i.manifest.vmlinux.size,
+                                "initramfs_size": i.manifest.initramfs.size,
+                                "created_unix": i.manifest.created_unix,
+                                "age_seconds": age(i.manifest.created_unix),
+                            })
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                }
+                Format::Human => {
+                    if images.is_empty() {
+                        eprintln!("no cached images in {}", cache.images_dir().display());
+                    } else {
+                        println!(
+                            "{:<14} {:<8} {:<18} {:>9} {:>10} {:>8}",
+                            "HASH", "PROFILE", "KERNEL", "VMLINUX", "INITRAMFS", "AGE"
+                        );
+                        for i in &images {
+                            let m = &i.manifest;
+                            println!(
+                                "{:<14} {:<8} {:<18} {:>9} {:>10} {:>8}",
+                                &m.hash[..12],
+                                m.profile.as_str(),
+                                m.kernel.release,
+                                human_size(m.vmlinux.size),
+                                human_size(m.initramfs.size),
+                                human_age(age(m.created_unix))
+                            );
+                        }
+                    }
+                }
+            }
+            for (dir, e) in &broken {
+                eprintln!("warning: {}: {e}", dir.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Rm {
+            hashes,
+            all,
+            cache_dir,
+        } => {
+            let cache = Cache::open(cache_dir.as_deref())?;
+            if all {
+                let n = cache.remove_all()?;
+                eprintln!("removed {n} image(s) and all cached kernels");
+                return Ok(ExitCode::SUCCESS);
+            }
+            // Resolve everything first so a typo removes nothing.
+            let resolved = hashes
+                .iter()
+                .map(|h| cache.resolve(h))
+                .collect::<Result<Vec<_>, _>>()?;
+            for h in resolved {
+                cache.remove(&h)?;
+                eprintln!("removed {h}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Verify {
+            hashes,
+            format,
+            cache_dir,
+        } => {
+            let cache = Cache::open(cache_dir.as_deref())?;
+            let targets = if hashes.is_empty() {
+                cache.find("")?
+            } else {
+                hashes
+                    .iter()
+                    .map(|h| cache.resolve(h))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            if targets.is_empty() {
+                return Err(ImageError::NotFound(format!(
+                    "no cached images in {} (run `voidbox image build`)",
+                    cache.images_dir().display()
+                )));
+            }
+            let mut failed = 0;
+            let mut out = Vec::new();
+            for h in targets {
+                match verify::verify_dir(&cache.image_dir(&h)) {
+                    Ok(r) => {
+                        if format == Format::Human {
+                            println!(
+                                "ok {} {} kernel {} entry {:#x} pvh {:#x} initramfs {} entries",
+                                &h[..12],
+                                r.manifest.profile,
+                                r.manifest.kernel.release,
+                                r.elf.entry,
+                                r.elf.pvh_entry.unwrap_or_default(),
+                                r.initramfs_entries
+                            );
+                        }
+                        out.push(serde_json::json!({"hash": h, "ok": true, "profile": r.manifest.profile,
+                            "kernel_release": r.manifest.kernel.release, "entry": r.elf.entry,
+                            "pvh_entry": r.elf.pvh_entry, "initramfs_entries": r.initramfs_entries}));
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        if format == Format::Human {
+                            println!("FAILED {}: {e}", &h[..12]);
+                        }
+                        out.push(
+                            serde_json::json!({"hash": h, "ok": false, "error": e.to_string()}),
+                        );
+                    }
+                }
+            }
+            if format == Format::Json {
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            }
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        ImageCommand::Probe { format } => {
+            let r = probe::probe()?;
+            let profile = profile_for(r.kind);
+            match format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::json!({
+                        "kvm": r.kind.to_string(),
+                        "profile": profile,
+                        "cpl0_ns_per_instruction": r.cpl0_ns_per_insn,
+                        "loop_ms": r.loop_time.as_secs_f64() * 1e3,
+                        "popcnt_conclusive": r.popcnt_conclusive,
+                        "failed_instruction": r.failed_insn.as_ref().map(hex::encode),
+                    })
+                ),
+                Format::Human => {
+                    println!("{} → profile {profile} ({})", r.kind, describe_probe(&r))
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn describe_probe(r: &probe::ProbeReport) -> String {
+    let speed = format!(
+        "guest kernel code ≈{:.0} ns/instruction",
+        r.cpl0_ns_per_insn
+    );
+    match (r.kind, r.popcnt_conclusive) {
+        (HostKvm::EmulatedKernelMode, true) => format!("{speed}; emulator rejected popcnt at CPL0"),
+        (HostKvm::EmulatedKernelMode, false) => format!("{speed}; judged by loop timing"),
+        (HostKvm::Hardware, _) => speed,
+    }
+}
+
+fn info_json(info: &ImageInfo) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "hash": info.hash,
+        "dir": info.dir,
+        "vmlinux": info.vmlinux,
+        "initramfs": info.initramfs,
+        "profile": info.profile,
+        "kernel_release": info.kernel_release,
+        "cmdline": info.cmdline,
+        "freshly_built": info.freshly_built,
+    }))
+    .unwrap_or_default()
+}
+
+fn age(created: u64) -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs().saturating_sub(created))
+        .unwrap_or_default()
+}
+
+/// `1.5M`-style sizes.
+pub fn human_size(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "K", "M", "G"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}B")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// `5m`, `3h`, `2d`-style ages.
+pub fn human_age(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ages() {
+        assert_eq!(human_size(512), "512B");
+        assert_eq!(human_size(1536), "1.5K");
+        assert_eq!(human_size(17 * 1024 * 1024), "17.0M");
+        assert_eq!(human_age(5), "5s");
+        assert_eq!(human_age(7200), "2h");
+    }
+
+    #[test]
+    fn profile_mapping() {
+        assert_eq!(profile_for(HostKvm::Hardware), Profile::Plain);
+        assert_eq!(profile_for(HostKvm::EmulatedKernelMode), Profile::Compat);
+        assert_eq!(
+            resolve_profile(ProfileChoice::Plain).unwrap(),
+            Profile::Plain
+        );
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(subcommand)]
+            c: ImageCommand,
+        }
+        let t = T::try_parse_from(["x", "build", "--profile", "compat", "-j", "2"]).unwrap();
+        assert!(matches!(
+            t.c,
+            ImageCommand::Build {
+                profile: ProfileChoice::Compat,
+                jobs: Some(2),
+                ..
+            }
+        ));
+        assert!(
+            T::try_parse_from(["x", "rm"]).is_err(),
+            "rm needs hashes or --all"
+        );
+        assert!(T::try_parse_from(["x", "rm", "--all", "abc"]).is_err());
+        assert!(T::try_parse_from(["x", "ls", "--format", "json"]).is_ok());
+    }
 }
