@@ -36,6 +36,15 @@ pub enum Command {
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
+    /// Run one command in a fresh micro-VM (`voidbox run -- CMD [ARGS…]`).
+    Run(crate::sandbox::cli::RunArgs),
+    /// Internal: run the VMM for one VM in this process (started by the engine).
+    #[command(name = "__vmm", hide = true)]
+    Vmm {
+        /// VMM arguments (`--config-fd`, `--status-fd`, `--parent-pid`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// `voidbox validate` arguments.
@@ -101,6 +110,8 @@ pub fn main() -> ExitCode {
         }
         Command::Apply(args) => apply_cmd(&args),
         Command::Image(cmd) => crate::image::run_cli(cmd),
+        Command::Run(args) => crate::sandbox::cli::run_cmd(&args),
+        Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
     }
 }
 

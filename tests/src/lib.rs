@@ -42,3 +42,5 @@ pub fn run_in(bin: &str, cwd: &Path, args: &[&str]) -> Run {
         .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"))
         .into()
 }
+
+pub mod vm;

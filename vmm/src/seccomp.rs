@@ -95,6 +95,12 @@ pub fn build_filter() -> Result<BpfProgram, SeccompError> {
             libc::F_GETFD as u64,
         )?])?],
     );
+    // send(2) on the vsock muxer's connected Unix streams (std writes them with
+    // MSG_NOSIGNAL), never to an explicit address.
+    rules.insert(
+        libc::SYS_sendto,
+        vec![rule(vec![cond(4, SeccompCmpOp::Eq, 0)?])?],
+    );
     // Anonymous memory for the allocator, never executable.
     let no_exec = || cond(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0);
     rules.insert(libc::SYS_mmap, vec![rule(vec![no_exec()?])?]);

@@ -134,7 +134,7 @@ impl Node {
 
     /// Follows a JSON-pointer-like path of segments (keys and indices); returns the deepest
     /// node reached and whether the whole path resolved.
-    pub fn walk<'a, I, S>(&'a self, segments: I) -> (&'a Node, bool)
+    pub fn walk<I, S>(&self, segments: I) -> (&Node, bool)
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -427,9 +427,7 @@ fn count_nodes(node: &Node) -> usize {
 }
 
 fn core_tag(tag: &Tag) -> Option<&str> {
-    if tag.is_yaml_core_schema() {
-        Some(tag.suffix.as_str())
-    } else if tag.handle == "!!" {
+    if tag.is_yaml_core_schema() || tag.handle == "!!" {
         Some(tag.suffix.as_str())
     } else {
         None

@@ -1,0 +1,199 @@
+//! `voidbox run [OPTIONS] -- CMD [ARGS…]`: one command in a fresh micro-VM.
+//!
+//! Exit codes: the guest command's own code (a signal `n` → 128+n, a guest timeout → 124,
+//! not startable → 127, refused by the guest policy → 126); 3 environment (no KVM, no
+//! guest image); 125 the VM failed (boot failure, VMM crash — the console tail is quoted).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
+
+use super::{check_kvm, GuestImage, Sandbox, SandboxConfig, SandboxError};
+use crate::image::ProgressMode;
+
+/// `voidbox run` arguments.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=3072))]
+    pub memory_mb: u32,
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub vcpus: u8,
+    /// Keep the guest console log (its path is printed on stderr).
+    #[arg(long)]
+    pub keep_console: bool,
+    /// Kill the command (its whole process group) after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Environment variable for the command (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory in the guest.
+    #[arg(long, short = 'w', value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Seconds to wait for the guest to boot.
+    #[arg(long, value_name = "SECS", default_value_t = 60, hide = true)]
+    pub boot_timeout: u64,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
+}
+
+/// Runs `voidbox run`.
+pub fn run_cmd(args: &RunArgs) -> ExitCode {
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(args: &RunArgs) -> Result<u8, SandboxError> {
+    let mut env = Vec::with_capacity(args.env.len());
+    for kv in &args.env {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
+            _ => {
+                eprintln!("error: --env takes NAME=VALUE, not `{kv}`");
+                return Ok(2);
+            }
+        }
+    }
+    check_kvm()?;
+    let image = match GuestImage::cached()? {
+        Some(i) => i,
+        None => {
+            eprintln!("no guest image in the cache; building it now (takes minutes, once)");
+            GuestImage::ensure(ProgressMode::Auto)?
+        }
+    };
+    let mut cfg = SandboxConfig::new(image);
+    cfg.memory_mb = args.memory_mb;
+    cfg.vcpus = args.vcpus;
+    cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
+    if args.keep_console {
+        cfg.keep_console = Some(kept_console_path());
+    }
+    let (program, rest) = match args.command.split_first() {
+        Some(x) => x,
+        None => return Ok(2),
+    };
+    let req = ExecRequest {
+        program: program.clone(),
+        args: rest.to_vec(),
+        env,
+        workdir: args.workdir.clone(),
+        timeout_secs: args.timeout,
+        ..ExecRequest::default()
+    };
+    let started = Sandbox::start(&cfg);
+    if let Some(p) = &cfg.keep_console {
+        eprintln!("voidbox: guest console log kept at {}", p.display());
+    }
+    let mut sb = started?;
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    let res = sb.exec(req, &mut |stream, data| {
+        let w: &mut dyn Write = match stream {
+            OutputStream::Stdout => &mut out,
+            OutputStream::Stderr => &mut err,
+        };
+        let _ = w.write_all(data);
+        let _ = w.flush();
+    });
+    let code = match res {
+        Ok(r) => exit_code_of(program, &r),
+        Err(SandboxError::Guest {
+            code: ErrorCode::NotAllowed,
+            message,
+            ..
+        }) => {
+            eprintln!("voidbox: {program}: refused by the guest policy: {message}");
+            126
+        }
+        Err(e) => return Err(e),
+    };
+    sb.stop();
+    Ok(code)
+}
+
+/// Maps a guest exec result to a shell-style exit code.
+pub fn exit_code_of(program: &str, r: &ExecResponse) -> u8 {
+    if let Some(e) = &r.error {
+        eprintln!("voidbox: cannot run {program}: {e}");
+        return r.exit_code.map_or(127, |c| (c & 0xff) as u8);
+    }
+    if r.timed_out {
+        eprintln!("voidbox: {program}: timed out after {} ms", r.duration_ms);
+        return 124;
+    }
+    if r.output_truncated {
+        eprintln!("voidbox: output beyond the guest's limit was dropped");
+    }
+    match (r.exit_code, r.signal) {
+        (Some(c), _) => (c & 0xff) as u8,
+        (None, Some(s)) => 128u8.saturating_add((s & 0x7f) as u8),
+        (None, None) => 125,
+    }
+}
+
+fn kept_console_path() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    std::env::temp_dir().join(format!("voidbox-console-{secs}-{}.log", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        let r = |exit_code, signal, timed_out| ExecResponse {
+            exit_code,
+            signal,
+            timed_out,
+            ..ExecResponse::default()
+        };
+        assert_eq!(exit_code_of("x", &r(Some(7), None, false)), 7);
+        assert_eq!(exit_code_of("x", &r(Some(256 + 3), None, false)), 3);
+        assert_eq!(exit_code_of("x", &r(None, Some(9), false)), 137);
+        assert_eq!(exit_code_of("x", &r(None, Some(9), true)), 124);
+        let e = ExecResponse {
+            error: Some("not found".into()),
+            exit_code: Some(127),
+            ..ExecResponse::default()
+        };
+        assert_eq!(exit_code_of("x", &e), 127);
+    }
+
+    #[test]
+    fn parses_trailing_command() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct T {
+            #[command(flatten)]
+            a: RunArgs,
+        }
+        let t =
+            T::try_parse_from(["x", "--memory-mb", "128", "--", "sh", "-c", "echo hi"]).unwrap();
+        assert_eq!(t.a.memory_mb, 128);
+        assert_eq!(t.a.command, vec!["sh", "-c", "echo hi"]);
+        let t = T::try_parse_from(["x", "ls", "-la"]).unwrap();
+        assert_eq!(t.a.command, vec!["ls", "-la"]);
+        assert!(T::try_parse_from(["x", "--vcpus", "0", "--", "ls"]).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! Typed errors of the sandbox layer.
+
+use std::fmt;
+use std::time::Duration;
+
+use voidbox_protocol::{ErrorCode, ProtocolError};
+
+/// Console lines quoted in an error message (the full tail stays in the value).
+const QUOTED_TAIL_LINES: usize = 25;
+
+/// How a VMM process ended, with what it reported.
+#[derive(Debug, Clone, Default)]
+pub struct VmmExit {
+    /// Exit code, when it exited normally.
+    pub code: Option<i32>,
+    /// Terminating signal, when it was killed.
+    pub signal: Option<i32>,
+    /// `reason` of the VMM's `exited` status event (`kernel_panic`, `boot_timeout`, …).
+    pub reason: Option<String>,
+    /// `detail` of the `exited` event.
+    pub detail: Option<String>,
+    /// Last guest console lines (from the `exited` event, else read from the console log).
+    pub console_tail: Vec<String>,
+    /// Last lines the VMM wrote to stderr (its own log).
+    pub stderr_tail: Vec<String>,
+}
+
+impl VmmExit {
+    /// `exit code 10 (kernel_panic)` / `killed by signal 9 (SIGKILL)`.
+    pub fn status_text(&self) -> String {
+        let base = match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by signal {s} ({})", signal_name(s)),
+            (None, None) => "unknown status".to_string(),
+        };
+        match &self.reason {
+            Some(r) => format!("{base}, {r}"),
+            None => base,
+        }
+    }
+}
+
+impl fmt::Display for VmmExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VMM {}", self.status_text())?;
+        if let Some(d) = &self.detail {
+            write!(f, ": {d}")?;
+        }
+        if !self.stderr_tail.is_empty() && self.console_tail.is_empty() {
+            write!(f, "\n  VMM log:")?;
+            for l in self.stderr_tail.iter().rev().take(5).rev() {
+                write!(f, "\n    {l}")?;
+            }
+        }
+        write_tail(f, &self.console_tail)
+    }
+}
+
+fn write_tail(f: &mut fmt::Formatter<'_>, tail: &[String]) -> fmt::Result {
+    if tail.is_empty() {
+        return Ok(());
+    }
+    let skip = tail.len().saturating_sub(QUOTED_TAIL_LINES);
+    write!(f, "\n  guest console (last {} lines):", tail.len() - skip)?;
+    for l in &tail[skip..] {
+        write!(f, "\n    {l}")?;
+    }
+    Ok(())
+}
+
+/// Console tail wrapper so `thiserror` messages can quote it.
+#[derive(Debug, Clone, Default)]
+pub struct ConsoleTail(pub Vec<String>);
+
+impl fmt::Display for ConsoleTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_tail(f, &self.0)
+    }
+}
+
+/// Errors of [`crate::sandbox::Sandbox`].
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The host cannot run VMs: no `/dev/kvm`, no permission, no guest image, VMM not
+    /// startable. The CLI maps it to exit code 3.
+    #[error("{0}")]
+    Environment(String),
+    /// The VMM exited before the guest agent answered.
+    #[error("the VM failed to boot: {0}")]
+    BootFailed(Box<VmmExit>),
+    /// The guest agent did not answer within the boot deadline (the VMM was killed).
+    #[error("the guest agent was not ready within {}s{tail}", after.as_secs_f64())]
+    BootTimeout {
+        /// The deadline.
+        after: Duration,
+        /// Last console lines.
+        tail: ConsoleTail,
+    },
+    /// The VMM died while the VM was in use.
+    #[error("the VM died during {during}: {exit}")]
+    VmmDied {
+        /// What the host was doing (`exec`, `read_file`, …).
+        during: String,
+        /// How the VMM ended.
+        exit: Box<VmmExit>,
+    },
+    /// The guest agent refused the session secret.
+    #[error("the guest agent refused the session secret")]
+    AuthRejected,
+    /// The guest answered a request with an error.
+    #[error("guest refused {what}: {code:?}: {message}")]
+    Guest {
+        /// The request.
+        what: String,
+        /// Error category.
+        code: ErrorCode,
+        /// Guest's message.
+        message: String,
+    },
+    /// The guest broke the protocol (or the stream failed).
+    #[error("guest connection ({during}): {source}")]
+    Protocol {
+        /// What the host was doing.
+        during: String,
+        /// The protocol error.
+        source: ProtocolError,
+    },
+    /// A request got no answer in time.
+    #[error("{0} got no answer within {1:?}")]
+    Timeout(String, Duration),
+    /// Host-side I/O.
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl SandboxError {
+    /// Exit code for the CLI: 3 for environment problems, 125 for every other sandbox
+    /// failure (the guest's own exit codes pass through unchanged).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            SandboxError::Environment(_) => 3,
+            _ => 125,
+        }
+    }
+
+    /// An [`SandboxError::Io`] constructor for `map_err`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+        let what = what.into();
+        move |source| SandboxError::Io { what, source }
+    }
+}
+
+/// Short name of a signal number.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSYS => "SIGSYS",
+        _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_text_quotes_console_tail() {
+        let e = SandboxError::BootFailed(Box::new(VmmExit {
+            code: Some(10),
+            reason: Some("kernel_panic".into()),
+            detail: Some("Kernel panic - not syncing".into()),
+            console_tail: (0..40).map(|i| format!("line {i}")).collect(),
+            ..VmmExit::default()
+        }));
+        let s = e.to_string();
+        assert!(s.contains("exit code 10, kernel_panic"), "{s}");
+        assert!(s.contains("line 39") && !s.contains("line 14\n"), "{s}");
+        assert_eq!(e.exit_code(), 125);
+        assert_eq!(SandboxError::Environment("x".into()).exit_code(), 3);
+        let sys = VmmExit {
+            signal: Some(libc::SIGSYS),
+            ..VmmExit::default()
+        };
+        assert!(sys.status_text().contains("SIGSYS"));
+    }
+}

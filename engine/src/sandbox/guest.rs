@@ -1,0 +1,416 @@
+//! The host side of the guest-agent connection: the hybrid-vsock `CONNECT` exchange, the
+//! authenticated handshake, and request/response exchanges. Everything the guest sends is
+//! hostile: frames are size-checked by the protocol crate, replies for other ids are
+//! bounded, file reads are capped.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
+use voidbox_protocol::{
+    ExecRequest, ExecResponse, GuestPolicy, Message, OutputStream, Ping, Pong, ProtocolError,
+    ReadFile, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction, WriteFile,
+    FILE_CHUNK_SIZE,
+};
+
+use super::error::SandboxError;
+
+/// vsock port of the guest agent.
+pub const AGENT_PORT: u32 = 1234;
+/// Messages for unknown request ids tolerated per exchange before giving up.
+const MAX_STRAY_MESSAGES: usize = 1024;
+
+/// One `CONNECT` attempt on the VMM's hybrid-vsock socket. `Ok(None)`: the guest is not
+/// listening yet (or the socket does not exist yet) — retry.
+pub fn try_connect(
+    uds: &Path,
+    port: u32,
+    timeout: Duration,
+) -> Result<Option<UnixStream>, SandboxError> {
+    let mut s = match UnixStream::connect(uds) {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(SandboxError::io(format!("connect {}", uds.display()))(e)),
+    };
+    s.set_read_timeout(Some(timeout))
+        .map_err(SandboxError::io("socket timeout"))?;
+    if s.write_all(format!("CONNECT {port}\n").as_bytes()).is_err() {
+        return Ok(None);
+    }
+    // Read the reply byte by byte so nothing after the line is consumed.
+    let mut line = Vec::with_capacity(32);
+    let mut b = [0u8; 1];
+    while line.len() < 64 {
+        match s.read(&mut b) {
+            Ok(1) if b[0] == b'\n' => break,
+            Ok(1) => line.push(b[0]),
+            _ => return Ok(None),
+        }
+    }
+    if line.starts_with(b"OK ") {
+        s.set_read_timeout(None)
+            .map_err(SandboxError::io("socket timeout"))?;
+        Ok(Some(s))
+    } else {
+        Ok(None)
+    }
+}
+
+/// An authenticated connection to the guest agent. Requests are sequential (`&mut self`).
+pub struct GuestConn {
+    stream: UnixStream,
+    ids: RequestIdAllocator,
+}
+
+/// What an exec produced besides the streamed output.
+pub type ExecResult = ExecResponse;
+
+impl GuestConn {
+    /// Authenticates on a connected stream. A refused secret is [`SandboxError::AuthRejected`].
+    pub fn handshake(
+        mut stream: UnixStream,
+        secret: &SessionSecret,
+        policy: Option<GuestPolicy>,
+        timeout: Duration,
+    ) -> Result<(GuestConn, Pong), SandboxError> {
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(SandboxError::io("socket timeout"))?;
+        let pong = client_handshake(&mut stream, secret, policy).map_err(|e| match e {
+            ProtocolError::AuthFailed => SandboxError::AuthRejected,
+            e => protocol("handshake", e),
+        })?;
+        stream
+            .set_read_timeout(None)
+            .map_err(SandboxError::io("socket timeout"))?;
+        Ok((
+            GuestConn {
+                stream,
+                ids: RequestIdAllocator::new(),
+            },
+            pong,
+        ))
+    }
+
+    fn send(&mut self, during: &str, msg: &Message) -> Result<(), SandboxError> {
+        write_message(&mut self.stream, msg).map_err(|e| protocol(during, e))
+    }
+
+    /// Reads the next message for `id`, skipping (a bounded number of) others.
+    fn recv_for(
+        &mut self,
+        during: &str,
+        id: voidbox_protocol::RequestId,
+    ) -> Result<Message, SandboxError> {
+        for _ in 0..MAX_STRAY_MESSAGES {
+            let m = read_message(&mut self.stream).map_err(|e| match e {
+                ProtocolError::Io(ref io)
+                    if matches!(
+                        io.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    SandboxError::Timeout(during.to_string(), Duration::ZERO)
+                }
+                e => protocol(during, e),
+            })?;
+            if m.id() == id {
+                return Ok(m);
+            }
+        }
+        Err(protocol(
+            during,
+            ProtocolError::UnexpectedMessage {
+                expected: "a reply to the request",
+                got: "too many messages for other requests",
+            },
+        ))
+    }
+
+    fn set_timeout(&self, t: Option<Duration>) -> Result<(), SandboxError> {
+        self.stream
+            .set_read_timeout(t)
+            .map_err(SandboxError::io("socket timeout"))
+    }
+
+    /// Re-authenticating `Ping` → `Pong` round trip (a cheap liveness check).
+    pub fn ping(
+        &mut self,
+        secret: &SessionSecret,
+        timeout: Duration,
+    ) -> Result<Duration, SandboxError> {
+        let id = self.ids.next_id();
+        let mut ping = Ping::new(secret.clone(), None);
+        ping.id = id;
+        let t0 = Instant::now();
+        self.set_timeout(Some(timeout))?;
+        self.send("ping", &Message::Ping(ping))?;
+        let reply = self.recv_for("ping", id);
+        self.set_timeout(None)?;
+        match reply? {
+            Message::Pong(_) => Ok(t0.elapsed()),
+            other => Err(unexpected("ping", "Pong", other)),
+        }
+    }
+
+    /// Runs a command; output chunks go to `on_output` as they arrive. `timeout` is
+    /// enforced by the guest (which kills the process group); the host waits that long
+    /// plus a grace period.
+    pub fn exec(
+        &mut self,
+        mut req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, SandboxError> {
+        let id = self.ids.next_id();
+        req.id = id;
+        let host_timeout = req
+            .timeout_secs
+            .map(|s| Duration::from_secs(s.saturating_add(10)));
+        self.set_timeout(host_timeout)?;
+        self.send("exec", &Message::ExecRequest(req))?;
+        let result = loop {
+            match self.recv_for("exec", id) {
+                Ok(Message::ExecOutputChunk(c)) => on_output(c.stream, &c.data),
+                Ok(Message::ExecResponse(r)) => break Ok(r),
+                Ok(Message::Error(e)) => {
+                    break Err(SandboxError::Guest {
+                        what: "exec".into(),
+                        code: e.code,
+                        message: e.message,
+                    })
+                }
+                Ok(other) => break Err(unexpected("exec", "ExecResponse", other)),
+                Err(SandboxError::Timeout(w, _)) => {
+                    break Err(SandboxError::Timeout(w, host_timeout.unwrap_or_default()))
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.set_timeout(None)?;
+        result
+    }
+
+    /// Writes a file in the guest (confined by the guest to its permitted roots).
+    pub fn write_file(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+    ) -> Result<(), SandboxError> {
+        let id = self.ids.next_id();
+        for (i, mut m) in WriteFile::chunked(id, path, mode, data, FILE_CHUNK_SIZE).enumerate() {
+            if let (0, Message::WriteFile(w)) = (i, &mut m) {
+                w.create_parents = true;
+            }
+            self.send("write_file", &m)?;
+        }
+        match self.recv_for("write_file", id)? {
+            Message::Ack(_) => Ok(()),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: format!("write_file {path}"),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("write_file", "Ack", other)),
+        }
+    }
+
+    /// Reads a guest file, failing if it is larger than `max_len` bytes.
+    pub fn read_file(&mut self, path: &str, max_len: u64) -> Result<Vec<u8>, SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "read_file",
+            &Message::ReadFile(ReadFile {
+                id,
+                path: path.to_string(),
+                offset: 0,
+                max_len: Some(max_len.saturating_add(1)),
+                chunk_size: None,
+            }),
+        )?;
+        let mut out = Vec::new();
+        loop {
+            match self.recv_for("read_file", id)? {
+                Message::FileChunk(c) => {
+                    if c.offset != out.len() as u64 || (out.len() + c.data.len()) as u64 > max_len {
+                        return Err(protocol(
+                            "read_file",
+                            ProtocolError::UnexpectedMessage {
+                                expected: "in-order chunks within max_len",
+                                got: "an out-of-order or oversized chunk",
+                            },
+                        ));
+                    }
+                    out.extend_from_slice(&c.data);
+                    if c.last {
+                        return Ok(out);
+                    }
+                }
+                Message::Error(e) => {
+                    return Err(SandboxError::Guest {
+                        what: format!("read_file {path}"),
+                        code: e.code,
+                        message: e.message,
+                    })
+                }
+                other => return Err(unexpected("read_file", "FileChunk", other)),
+            }
+        }
+    }
+
+    /// Asks the guest to shut down (it answers `Ack`, then reboots, which ends the VMM).
+    pub fn shutdown(&mut self, timeout: Duration) -> Result<(), SandboxError> {
+        let id = self.ids.next_id();
+        self.set_timeout(Some(timeout))?;
+        self.send(
+            "shutdown",
+            &Message::Shutdown(Shutdown {
+                id,
+                action: ShutdownAction::Reboot,
+            }),
+        )?;
+        match self.recv_for("shutdown", id)? {
+            Message::Ack(_) => Ok(()),
+            other => Err(unexpected("shutdown", "Ack", other)),
+        }
+    }
+}
+
+fn protocol(during: &str, source: ProtocolError) -> SandboxError {
+    SandboxError::Protocol {
+        during: during.to_string(),
+        source,
+    }
+}
+
+fn unexpected(during: &str, expected: &'static str, got: Message) -> SandboxError {
+    protocol(
+        during,
+        ProtocolError::UnexpectedMessage {
+            expected,
+            got: got.message_type().name(),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use voidbox_protocol::blocking::server_handshake;
+    use voidbox_protocol::{ExecOutputChunk, GuestInfo};
+
+    /// A fake hybrid-vsock endpoint + agent on a Unix socket.
+    fn fake_guest(
+        secret: SessionSecret,
+        serve: impl FnOnce(&mut UnixStream) + Send + 'static,
+    ) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = [0u8; 13];
+            s.read_exact(&mut line).unwrap();
+            assert_eq!(&line, b"CONNECT 1234\n");
+            s.write_all(b"OK 1073741824\n").unwrap();
+            if server_handshake(&mut s, &secret, GuestInfo::default()).is_ok() {
+                serve(&mut s);
+            }
+        });
+        (dir, t)
+    }
+
+    #[test]
+    fn exec_streams_output_and_skips_strays() {
+        let secret = SessionSecret::random().unwrap();
+        let (dir, t) = fake_guest(secret.clone(), |s| {
+            let Message::ExecRequest(r) = read_message(s).unwrap() else {
+                panic!("expected exec")
+            };
+            assert_eq!(r.program, "echo");
+            let chunk = |stream, data: &[u8]| {
+                Message::ExecOutputChunk(ExecOutputChunk {
+                    id: r.id,
+                    stream,
+                    seq: 0,
+                    data: data.to_vec(),
+                })
+            };
+            write_message(s, &chunk(OutputStream::Stdout, b"hi\n")).unwrap();
+            write_message(s, &Message::Ack(voidbox_protocol::Ack { id: 999.into() })).unwrap();
+            write_message(s, &chunk(OutputStream::Stderr, b"err\n")).unwrap();
+            let resp = ExecResponse {
+                id: r.id,
+                exit_code: Some(3),
+                ..ExecResponse::default()
+            };
+            write_message(s, &Message::ExecResponse(resp)).unwrap();
+        });
+        let s = try_connect(
+            &dir.path().join("v.sock"),
+            AGENT_PORT,
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .unwrap();
+        let (mut g, _) = GuestConn::handshake(s, &secret, None, Duration::from_secs(5)).unwrap();
+        let mut got = Vec::new();
+        let r = g
+            .exec(
+                ExecRequest {
+                    program: "echo".into(),
+                    ..ExecRequest::default()
+                },
+                &mut |st, d| got.push((st, d.to_vec())),
+            )
+            .unwrap();
+        assert_eq!(r.exit_code, Some(3));
+        assert_eq!(
+            got,
+            vec![
+                (OutputStream::Stdout, b"hi\n".to_vec()),
+                (OutputStream::Stderr, b"err\n".to_vec())
+            ]
+        );
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn wrong_secret_is_auth_rejected() {
+        let secret = SessionSecret::random().unwrap();
+        let (dir, t) = fake_guest(secret, |_| {});
+        let s = try_connect(
+            &dir.path().join("v.sock"),
+            AGENT_PORT,
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .unwrap();
+        let other = SessionSecret::random().unwrap();
+        assert!(matches!(
+            GuestConn::handshake(s, &other, None, Duration::from_secs(5)),
+            Err(SandboxError::AuthRejected)
+        ));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn missing_socket_means_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            try_connect(&dir.path().join("nope"), 1, Duration::from_millis(10))
+                .unwrap()
+                .is_none()
+        );
+    }
+}

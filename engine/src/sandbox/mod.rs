@@ -1,0 +1,398 @@
+//! Drives one micro-VM: a VMM child process plus the authenticated guest-agent connection.
+//!
+//! [`Sandbox::start`] spawns the VMM ([`vmm_process`]) with a fresh 32-byte session secret
+//! on the guest command line and a per-VM temp dir (vsock socket, console log), waits for
+//! the guest agent within a deadline (retrying `CONNECT`, watching the VMM's status), and
+//! authenticates ([`guest`]). Then [`Sandbox::exec`], [`Sandbox::write_file`],
+//! [`Sandbox::read_file`]; [`Sandbox::stop`] asks the guest to shut down and kills the VMM
+//! after a grace period. Dropping a `Sandbox` kills and reaps the VMM and removes its temp
+//! dir (the console log too, unless it was placed elsewhere with `keep_console`).
+//!
+//! The API is blocking; async callers run it on a blocking thread. The VMM is always
+//! forked from one long-lived thread, so its parent-death signal is tied to this process.
+
+pub mod cli;
+pub mod error;
+pub mod guest;
+pub mod image;
+pub mod status;
+pub mod vmm_process;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use voidbox_protocol::{
+    ExecRequest, ExecResponse, GuestInfo, GuestPolicy, OutputStream, SessionSecret,
+};
+use voidbox_vmm::config::{VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
+
+pub use error::{SandboxError, VmmExit};
+pub use guest::GuestConn;
+pub use image::GuestImage;
+pub use vmm_process::{VmmLauncher, VmmProcess, VMM_SUBCOMMAND};
+
+use crate::image::Profile;
+use status::VmmEvent;
+
+/// Settings of one VM.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Kernel + initramfs.
+    pub image: GuestImage,
+    /// Guest memory in MiB.
+    pub memory_mb: u32,
+    /// vCPUs.
+    pub vcpus: u8,
+    /// How the VMM process is started.
+    pub launcher: VmmLauncher,
+    /// Deadline from VMM spawn to an authenticated agent.
+    pub boot_timeout: Duration,
+    /// Hard limit on the VM's lifetime (enforced by the VMM).
+    pub wall_limit: Option<Duration>,
+    /// Keep the console log at this path instead of deleting it with the VM.
+    pub keep_console: Option<PathBuf>,
+    /// Parent of the per-VM temp dirs (default: the system temp dir).
+    pub runtime_dir: Option<PathBuf>,
+    /// Policy sent with the handshake (can only narrow the boot policy).
+    pub policy: Option<GuestPolicy>,
+    /// Extra kernel parameters (tests, debugging).
+    pub extra_cmdline: Vec<String>,
+    /// Wait this long for a graceful shutdown before killing the VMM.
+    pub stop_grace: Duration,
+    /// Test hook: the VMM issues a syscall outside its seccomp filter.
+    #[doc(hidden)]
+    pub test_forbidden_syscall: bool,
+}
+
+impl SandboxConfig {
+    /// Defaults for `image`: 256 MiB, 1 vCPU, 60 s boot deadline, 2 s stop grace.
+    pub fn new(image: GuestImage) -> SandboxConfig {
+        SandboxConfig {
+            image,
+            memory_mb: 256,
+            vcpus: 1,
+            launcher: VmmLauncher::default(),
+            boot_timeout: Duration::from_secs(60),
+            wall_limit: None,
+            keep_console: None,
+            runtime_dir: None,
+            policy: None,
+            extra_cmdline: Vec::new(),
+            stop_grace: Duration::from_secs(2),
+            test_forbidden_syscall: false,
+        }
+    }
+}
+
+/// Where the time of a cold start went (all measured on the host).
+#[derive(Debug, Clone, Default)]
+pub struct BootTimings {
+    /// `fork`/`exec` of the VMM until it reported `started` (config read).
+    pub vmm_spawn: Duration,
+    /// KVM, memory, devices, kernel load and boot params (the VMM's `configured.setup_us`).
+    pub vm_setup: Duration,
+    /// Spawn until the vCPUs were released (`booting`).
+    pub to_booting: Duration,
+    /// vCPUs released until the guest agent accepted a vsock connection.
+    pub kernel_to_agent: Duration,
+    /// Authentication round trip.
+    pub handshake: Duration,
+    /// Spawn until authenticated.
+    pub total: Duration,
+}
+
+/// A running micro-VM with an authenticated agent connection.
+pub struct Sandbox {
+    // Field order is drop order: connection, then VMM (killed, reaped), then temp dir.
+    conn: GuestConn,
+    vmm: VmmProcess,
+    dir: tempfile::TempDir,
+    secret: SessionSecret,
+    vsock_path: PathBuf,
+    console_log: PathBuf,
+    guest_info: GuestInfo,
+    timings: BootTimings,
+    stop_grace: Duration,
+}
+
+/// Checks that `/dev/kvm` can be opened read-write.
+pub fn check_kvm() -> Result<(), SandboxError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SandboxError::Environment(
+            "KVM is not available: /dev/kvm does not exist\n  help: run on a Linux host with hardware virtualisation (or nested KVM) enabled and the kvm module loaded".into(),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(SandboxError::Environment(
+                "no permission to open /dev/kvm\n  help: add your user to the `kvm` group (`sudo usermod -aG kvm $USER`, then log in again)".into(),
+            ))
+        }
+        Err(e) => Err(SandboxError::Environment(format!(
+            "cannot open /dev/kvm: {e}"
+        ))),
+    }
+}
+
+/// Kernel parameters for the VMM's `cmdline_extra`: the image's own flags the VMM does not
+/// add itself, `extra`, and the session secret.
+fn cmdline_extra(image: &GuestImage, compat: bool, extra: &[String], secret: &str) -> String {
+    let generated: Vec<&str> = BASE_CMDLINE
+        .split_whitespace()
+        .chain(if compat { COMPAT_CMDLINE } else { "" }.split_whitespace())
+        .collect();
+    let mut out: Vec<String> = image
+        .cmdline
+        .split_whitespace()
+        .filter(|t| !generated.contains(t))
+        .map(str::to_string)
+        .collect();
+    out.extend(extra.iter().cloned());
+    out.push(format!("voidbox.secret={secret}"));
+    out.join(" ")
+}
+
+impl Sandbox {
+    /// Boots a fresh VM and authenticates to its agent.
+    pub fn start(cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        check_kvm()?;
+        let parent = cfg.runtime_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let dir = tempfile::Builder::new()
+            .prefix("voidbox-vm-")
+            .tempdir_in(&parent)
+            .map_err(SandboxError::io(format!(
+                "creating a VM directory in {}",
+                parent.display()
+            )))?;
+        let vsock_path = dir.path().join("vsock.sock");
+        let console_log = cfg
+            .keep_console
+            .clone()
+            .unwrap_or_else(|| dir.path().join("console.log"));
+        let secret = SessionSecret::random().map_err(SandboxError::io("session secret"))?;
+        let compat = cfg.image.profile == Profile::Compat;
+        let config = VmConfig {
+            kernel: cfg.image.vmlinux.clone(),
+            initramfs: Some(cfg.image.initramfs.clone()),
+            cmdline_extra: cmdline_extra(&cfg.image, compat, &cfg.extra_cmdline, &secret.to_hex()),
+            memory_mb: cfg.memory_mb,
+            vcpus: cfg.vcpus,
+            vsock_uds: Some(vsock_path.clone()),
+            vsock_cid: 3,
+            console_log: console_log.clone(),
+            compat,
+            // Ours fires first (with the console tail); the VMM's is the backstop.
+            boot_timeout_ms: Some((cfg.boot_timeout + Duration::from_secs(5)).as_millis() as u64),
+            wall_limit_ms: cfg.wall_limit.map(|d| d.as_millis() as u64),
+            test_forbidden_syscall: cfg.test_forbidden_syscall,
+        };
+        let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
+        let t0 = vmm.spawned_at();
+        let deadline = t0 + cfg.boot_timeout;
+        let stream = loop {
+            if vmm.try_wait().is_some() {
+                let exit = vmm.exit_report();
+                if exit.code == Some(3) {
+                    return Err(SandboxError::Environment(format!(
+                        "KVM is unusable: {}",
+                        exit.detail.clone().unwrap_or_else(|| exit.status_text())
+                    )));
+                }
+                return Err(SandboxError::BootFailed(Box::new(exit)));
+            }
+            if Instant::now() >= deadline {
+                vmm.kill();
+                let exit = vmm.exit_report();
+                return Err(SandboxError::BootTimeout {
+                    after: cfg.boot_timeout,
+                    tail: error::ConsoleTail(exit.console_tail),
+                });
+            }
+            if let Some(s) =
+                guest::try_connect(&vsock_path, guest::AGENT_PORT, Duration::from_secs(2))?
+            {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        };
+        let connected = Instant::now();
+        let hs_timeout = deadline
+            .saturating_duration_since(connected)
+            .max(Duration::from_secs(5));
+        let (conn, pong) =
+            match GuestConn::handshake(stream, &secret, cfg.policy.clone(), hs_timeout) {
+                Ok(x) => x,
+                Err(e) => {
+                    if vmm.wait_timeout(Duration::from_millis(200)).is_some() {
+                        return Err(SandboxError::BootFailed(Box::new(vmm.exit_report())));
+                    }
+                    return Err(e);
+                }
+            };
+        let done = Instant::now();
+        let timings = boot_timings(&vmm, t0, connected, done);
+        Ok(Sandbox {
+            conn,
+            vmm,
+            dir,
+            secret,
+            vsock_path,
+            console_log,
+            guest_info: pong.info,
+            timings,
+            stop_grace: cfg.stop_grace,
+        })
+    }
+
+    /// Runs a command, streaming its output to `on_output`.
+    pub fn exec(
+        &mut self,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResponse, SandboxError> {
+        let r = self.conn.exec(req, on_output);
+        self.check("exec", r)
+    }
+
+    /// Writes a guest file.
+    pub fn write_file(
+        &mut self,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+    ) -> Result<(), SandboxError> {
+        let r = self.conn.write_file(path, data, mode);
+        self.check("write_file", r)
+    }
+
+    /// Reads a guest file of at most `max_len` bytes.
+    pub fn read_file(&mut self, path: &str, max_len: u64) -> Result<Vec<u8>, SandboxError> {
+        let r = self.conn.read_file(path, max_len);
+        self.check("read_file", r)
+    }
+
+    /// One authenticated `Ping` round trip.
+    pub fn ping(&mut self) -> Result<Duration, SandboxError> {
+        let r = self.conn.ping(&self.secret, Duration::from_secs(10));
+        self.check("ping", r)
+    }
+
+    /// A failed exchange on a VMM that has died is reported as [`SandboxError::VmmDied`].
+    fn check<T>(&mut self, during: &str, r: Result<T, SandboxError>) -> Result<T, SandboxError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e @ SandboxError::Guest { .. }) => Err(e),
+            Err(e) => {
+                if self.vmm.wait_timeout(Duration::from_millis(1500)).is_some() {
+                    Err(SandboxError::VmmDied {
+                        during: during.to_string(),
+                        exit: Box::new(self.vmm.exit_report()),
+                    })
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Graceful stop: `Shutdown`, wait up to the grace period, then SIGKILL. Returns how
+    /// the VMM ended. Resources are released when the `Sandbox` is dropped here.
+    pub fn stop(mut self) -> VmmExit {
+        if self.vmm.try_wait().is_none() {
+            let grace = self.stop_grace;
+            if self.conn.shutdown(grace).is_ok() {
+                self.vmm.wait_timeout(grace);
+            }
+        }
+        self.vmm.kill();
+        self.vmm.exit_report()
+    }
+
+    /// Cold-start phases.
+    pub fn timings(&self) -> &BootTimings {
+        &self.timings
+    }
+
+    /// What the guest reported in the handshake.
+    pub fn guest_info(&self) -> &GuestInfo {
+        &self.guest_info
+    }
+
+    /// The VMM's pid.
+    pub fn vmm_pid(&self) -> u32 {
+        self.vmm.pid()
+    }
+
+    /// VMM resident set size in KiB.
+    pub fn vmm_rss_kib(&self) -> Option<u64> {
+        self.vmm.rss_kib()
+    }
+
+    /// The host side of the VM's vsock (tests connect to it directly).
+    pub fn vsock_path(&self) -> &Path {
+        &self.vsock_path
+    }
+
+    /// The guest console log.
+    pub fn console_log(&self) -> &Path {
+        &self.console_log
+    }
+
+    /// The per-VM temp dir.
+    pub fn runtime_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn boot_timings(vmm: &VmmProcess, t0: Instant, connected: Instant, done: Instant) -> BootTimings {
+    let mut t = BootTimings {
+        handshake: done - connected,
+        total: done - t0,
+        ..BootTimings::default()
+    };
+    let mut booting_at = None;
+    for e in vmm.events() {
+        match e.event {
+            VmmEvent::Started { .. } => t.vmm_spawn = e.at.saturating_duration_since(t0),
+            VmmEvent::Configured { setup_us } => t.vm_setup = Duration::from_micros(setup_us),
+            VmmEvent::Booting { .. } => {
+                t.to_booting = e.at.saturating_duration_since(t0);
+                booting_at = Some(e.at);
+            }
+            _ => {}
+        }
+    }
+    if let Some(b) = booting_at {
+        t.kernel_to_agent = connected.saturating_duration_since(b);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_extra_drops_what_the_vmm_adds() {
+        let img = GuestImage {
+            vmlinux: "k".into(),
+            initramfs: "i".into(),
+            profile: Profile::Compat,
+            cmdline: Profile::Compat.cmdline().into(),
+        };
+        let s = cmdline_extra(&img, true, &["rdinit=/x".into()], "ab");
+        assert_eq!(s, "rdinit=/x voidbox.secret=ab");
+        let plain = GuestImage {
+            profile: Profile::Plain,
+            cmdline: Profile::Plain.cmdline().into(),
+            ..img
+        };
+        assert_eq!(
+            cmdline_extra(&plain, false, &[], "ab"),
+            "quiet voidbox.secret=ab"
+        );
+    }
+}

@@ -1,0 +1,208 @@
+//! The VMM's JSON status lines (see `vmm/README.md`), parsed defensively.
+
+use std::io::{BufRead, Read};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+/// Longest status line accepted (a console tail of 64 lines fits easily).
+const MAX_LINE: u64 = 256 * 1024;
+/// Most events kept per VM.
+const MAX_EVENTS: usize = 256;
+
+/// One status event of the VMM.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum VmmEvent {
+    /// The VMM read its config (after closing stray fds).
+    Started {
+        /// Its pid.
+        pid: u32,
+    },
+    /// KVM, memory, devices and kernel are set up.
+    Configured {
+        /// Setup time in µs.
+        setup_us: u64,
+    },
+    /// vCPUs released (seccomp installed); `ms` since VMM start.
+    Booting {
+        /// Milliseconds since VMM process start.
+        ms: u64,
+    },
+    /// A guest vsock listener accepted the first host connection.
+    GuestReady {
+        /// Milliseconds since VMM process start.
+        ms: u64,
+    },
+    /// "Kernel panic" appeared on the console.
+    KernelPanicSeen,
+    /// A virtio device saw a malformed queue.
+    DeviceBroken {
+        /// Device name.
+        #[serde(default)]
+        device: String,
+        /// Why.
+        #[serde(default)]
+        reason: String,
+    },
+    /// The VMM is exiting.
+    Exited {
+        /// Reason keyword.
+        #[serde(default)]
+        reason: String,
+        /// Exit code.
+        #[serde(default)]
+        code: i32,
+        /// Detail text.
+        #[serde(default)]
+        detail: Option<String>,
+        /// Last console lines.
+        #[serde(default)]
+        console_tail: Vec<String>,
+    },
+    /// An event this engine does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// An event with the host time it was read.
+#[derive(Debug, Clone)]
+pub struct TimedEvent {
+    /// When the engine read it.
+    pub at: Instant,
+    /// The event.
+    pub event: VmmEvent,
+}
+
+/// Events seen so far, shared with the reader thread.
+#[derive(Debug, Default)]
+pub struct StatusLog {
+    state: Mutex<LogState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    events: Vec<TimedEvent>,
+    closed: bool,
+}
+
+impl StatusLog {
+    fn lock(&self) -> MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an event (beyond [`MAX_EVENTS`] only `exited` is kept).
+    pub fn push(&self, event: VmmEvent) {
+        let mut s = self.lock();
+        if s.events.len() < MAX_EVENTS || matches!(event, VmmEvent::Exited { .. }) {
+            s.events.push(TimedEvent {
+                at: Instant::now(),
+                event,
+            });
+        }
+        self.changed.notify_all();
+    }
+
+    /// Marks the status stream closed (the VMM is gone or closed it).
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// A copy of every event so far.
+    pub fn events(&self) -> Vec<TimedEvent> {
+        self.lock().events.clone()
+    }
+
+    /// The `exited` event, if any.
+    pub fn exited(&self) -> Option<VmmEvent> {
+        self.lock()
+            .events
+            .iter()
+            .rev()
+            .find(|e| matches!(e.event, VmmEvent::Exited { .. }))
+            .map(|e| e.event.clone())
+    }
+
+    /// Waits until the stream is closed or `timeout` passes; returns whether it closed.
+    pub fn wait_closed(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        while !s.closed {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            s = match self.changed.wait_timeout(s, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        true
+    }
+}
+
+/// Reads status lines until EOF into `log` (runs on its own thread).
+pub fn pump(reader: impl Read, log: &StatusLog) {
+    let mut r = std::io::BufReader::new(reader);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.by_ref().take(MAX_LINE).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') && line.len() as u64 >= MAX_LINE {
+            // Oversized line: skip the rest of it.
+            let _ = r.by_ref().skip_until(b'\n');
+            continue;
+        }
+        if let Ok(ev) = serde_json::from_slice::<VmmEvent>(&line) {
+            log.push(ev);
+        }
+    }
+    log.close();
+}
+
+/// Shared handle to a [`StatusLog`].
+pub type SharedLog = Arc<StatusLog>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_known_and_unknown_events() {
+        let input = concat!(
+            "{\"event\":\"started\",\"pid\":42}\n",
+            "{\"event\":\"configured\",\"setup_us\":17000,\"cmdline_len\":300}\n",
+            "not json\n",
+            "{\"event\":\"kernel_panic_seen\"}\n",
+            "{\"event\":\"something_new\",\"x\":1}\n",
+            "{\"event\":\"exited\",\"reason\":\"kernel_panic\",\"code\":10,\"detail\":null,\"console_tail\":[\"a\",\"b\"]}\n",
+        );
+        let log = StatusLog::default();
+        pump(input.as_bytes(), &log);
+        let evs: Vec<_> = log.events().into_iter().map(|e| e.event).collect();
+        assert_eq!(evs[0], VmmEvent::Started { pid: 42 });
+        assert_eq!(evs[1], VmmEvent::Configured { setup_us: 17000 });
+        assert_eq!(evs[2], VmmEvent::KernelPanicSeen);
+        assert_eq!(evs[3], VmmEvent::Unknown);
+        assert!(
+            matches!(log.exited(), Some(VmmEvent::Exited { code: 10, ref console_tail, .. }) if console_tail.len() == 2)
+        );
+        assert!(log.wait_closed(Duration::ZERO));
+    }
+
+    #[test]
+    fn oversized_lines_are_skipped() {
+        let mut input = vec![b'x'; (MAX_LINE as usize) * 2];
+        input.extend_from_slice(b"\n{\"event\":\"booting\",\"ms\":5}\n");
+        let log = StatusLog::default();
+        pump(&input[..], &log);
+        let evs: Vec<_> = log.events().into_iter().map(|e| e.event).collect();
+        assert_eq!(evs, vec![VmmEvent::Booting { ms: 5 }]);
+    }
+}
