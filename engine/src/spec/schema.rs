@@ -170,23 +170,7 @@ fn map_error(root: &Node, err: &ValidationError<'_>, out: &mut Vec<Diagnostic>) 
             );
         }
         ValidationErrorKind::Type { kind } => {
-            let expected = format!("{kind:?}")
-                .to_lowercase()
-                .replace("single(", "")
-                .replace("multiple(", "")
-                .replace(')', "");
-            out.push(
-                Diagnostic::error(
-                    "voidbox::invalid_type",
-                    format!(
-                        "{here} must be {}, found {}",
-                        article(&expected),
-                        describe(err.instance())
-                    ),
-                    node.span,
-                )
-                .with_label("wrong type"),
-            );
+            out.push(type_mismatch(&here, &[format!("{kind:?}")], err.instance(), node.span));
         }
         ValidationErrorKind::Enum { options } => {
             let options: Vec<String> = options
@@ -363,30 +347,29 @@ fn map_alternatives(
         ).with_help(format!("expected one of: {}", one_of(&discriminators))));
         return;
     }
-    wanted_types.sort();
-    wanted_types.dedup();
-    let expected = wanted_types
+    out.push(type_mismatch(&here, &wanted_types, err.instance(), node.span));
+}
+
+/// "`x` must be an integer, found string `lots`", from `TypeKind` debug renderings.
+fn type_mismatch(here: &str, kinds: &[String], value: &Value, span: Span) -> Diagnostic {
+    const NAMES: [&str; 7] = ["object", "array", "string", "integer", "number", "boolean", "null"];
+    let joined = kinds.join(" ").to_lowercase();
+    let expected: Vec<String> = NAMES
         .iter()
-        .map(|t| {
-            t.to_lowercase()
-                .replace("single(", "")
-                .replace("multiple(", "")
-                .replace(')', "")
-        })
-        .collect::<Vec<_>>()
-        .join(" or ");
-    out.push(
-        Diagnostic::error(
-            "voidbox::invalid_type",
-            format!(
-                "{here} must be {}, found {}",
-                article(&expected),
-                describe(err.instance())
-            ),
-            node.span,
-        )
-        .with_label("wrong type"),
-    );
+        .filter(|n| joined.contains(*n) && **n != "null")
+        .map(|n| article(n))
+        .collect();
+    let expected = if expected.is_empty() {
+        "null".to_string()
+    } else {
+        expected.join(" or ")
+    };
+    Diagnostic::error(
+        "voidbox::invalid_type",
+        format!("{here} must be {expected}, found {}", describe(value)),
+        span,
+    )
+    .with_label("wrong type")
 }
 
 fn article(t: &str) -> String {

@@ -285,13 +285,7 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
             Event::SequenceStart(anchor, tag) => {
                 check_collection_tag(tag.as_deref(), "seq", span)?;
                 nodes += 1;
-                if stack.len() >= MAX_DEPTH {
-                    return Err(LoadError::new(
-                        "voidbox::depth_limit",
-                        format!("nesting deeper than {MAX_DEPTH} levels"),
-                        span,
-                    ));
-                }
+                check_depth(stack.len(), span)?;
                 stack.push(Frame::Seq {
                     start: span,
                     anchor,
@@ -302,13 +296,7 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
             Event::MappingStart(anchor, tag) => {
                 check_collection_tag(tag.as_deref(), "map", span)?;
                 nodes += 1;
-                if stack.len() >= MAX_DEPTH {
-                    return Err(LoadError::new(
-                        "voidbox::depth_limit",
-                        format!("nesting deeper than {MAX_DEPTH} levels"),
-                        span,
-                    ));
-                }
+                check_depth(stack.len(), span)?;
                 stack.push(Frame::Map {
                     start: span,
                     anchor,
@@ -402,6 +390,17 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
         LoadError::new("voidbox::empty_file", "the spec file is empty", Span::new(0, 0))
             .with_help("a spec starts with `api_version: v1` and `kind: …`")
     })
+}
+
+fn check_depth(depth: usize, span: Span) -> Result<(), LoadError> {
+    if depth >= MAX_DEPTH {
+        return Err(LoadError::new(
+            "voidbox::depth_limit",
+            format!("nesting deeper than {MAX_DEPTH} levels"),
+            span,
+        ));
+    }
+    Ok(())
 }
 
 fn internal(span: Span) -> LoadError {

@@ -1,0 +1,182 @@
+//! Finding (or building) the static guest agent binary that becomes `/init`.
+//!
+//! Order: an explicit path (`--guest-agent`), `$VOIDBOX_GUEST_AGENT`, a build from
+//! the voidbox source tree this binary was compiled from (`cargo build -p
+//! voidbox-guest-agent --release --target x86_64-unknown-linux-gnu`, statically linked,
+//! into `target/guest` so host builds are not invalidated), and finally
+//! `voidbox-guest-agent` next to the running executable.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::error::ImageError;
+
+/// Environment variable naming a prebuilt guest agent.
+pub const AGENT_ENV: &str = "VOIDBOX_GUEST_AGENT";
+/// Package and target of the guest agent.
+pub const AGENT_PACKAGE: &str = "voidbox-guest-agent";
+/// Target triple the agent is built for.
+pub const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The voidbox source tree this binary was built from, if it is still there.
+pub fn source_tree() -> Option<PathBuf> {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()?
+        .to_path_buf();
+    ws.join("guest-agent/Cargo.toml").is_file().then_some(ws)
+}
+
+/// Resolves the guest agent binary; `log` gets progress lines.
+pub fn resolve(explicit: Option<&Path>, log: &mut dyn FnMut(&str)) -> Result<PathBuf, ImageError> {
+    let given = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(AGENT_ENV).map(PathBuf::from));
+    let path = match given {
+        Some(p) => p,
+        None => match source_tree() {
+            Some(ws) => build_from_source(&ws, log)?,
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join(AGENT_PACKAGE)))
+                .filter(|p| p.is_file())
+                .ok_or_else(|| {
+                    ImageError::Environment(format!(
+                        "no guest agent binary: pass --guest-agent PATH or set {AGENT_ENV}"
+                    ))
+                })?,
+        },
+    };
+    check_agent(&path)?;
+    Ok(path)
+}
+
+/// The agent must be a static ELF (there is no dynamic loader in the image) or a
+/// `#!` script (test inits).
+pub fn check_agent(path: &Path) -> Result<(), ImageError> {
+    let bytes = std::fs::read(path).map_err(ImageError::io(path))?;
+    if bytes.starts_with(b"#!") {
+        return Ok(());
+    }
+    match has_interpreter(&bytes) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(ImageError::Environment(format!(
+            "{} is dynamically linked; the guest agent must be static (RUSTFLAGS='-C target-feature=+crt-static')",
+            path.display()
+        ))),
+        Err(e) => Err(ImageError::Environment(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// Whether an ELF64 file has a `PT_INTERP` program header (is dynamically linked).
+pub fn has_interpreter(b: &[u8]) -> Result<bool, String> {
+    if b.get(..4) != Some(b"\x7fELF") || b.get(4) != Some(&2) {
+        return Err("not an ELF64 executable".into());
+    }
+    let rd = |o: usize, n: usize| -> Result<u64, String> {
+        let s = b.get(o..o + n).ok_or("truncated ELF")?;
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(s);
+        Ok(u64::from_le_bytes(v))
+    };
+    let phoff = rd(32, 8)? as usize;
+    let phentsize = rd(54, 2)? as usize;
+    let phnum = rd(56, 2)? as usize;
+    for i in 0..phnum {
+        if rd(phoff + i * phentsize, 4)? == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Builds the agent from the workspace at `ws`; returns the binary's path.
+pub fn build_from_source(ws: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf, ImageError> {
+    log(&format!(
+        "building {AGENT_PACKAGE} (static, release) in {}",
+        ws.join("target/guest").display()
+    ));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut child = Command::new(cargo)
+        .current_dir(ws)
+        .args([
+            "build",
+            "--release",
+            "--message-format=json-render-diagnostics",
+            "-p",
+            AGENT_PACKAGE,
+        ])
+        .args(["--target", AGENT_TARGET])
+        .env("CARGO_TARGET_DIR", ws.join("target/guest"))
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| ImageError::Environment(format!("running cargo: {e}")))?;
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| std::thread::spawn(move || std::io::read_to_string(s).unwrap_or_default()));
+    let mut exe = None;
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let is_bin = v["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"));
+            let ours = v["package_id"]
+                .as_str()
+                .is_some_and(|p| p.contains(AGENT_PACKAGE))
+                || v["target"]["name"].as_str() == Some(AGENT_PACKAGE);
+            if v["reason"] == "compiler-artifact" && is_bin && ours {
+                if let Some(e) = v["executable"].as_str() {
+                    exe = Some(PathBuf::from(e));
+                }
+            }
+        }
+    }
+    let err = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+    let status = child
+        .wait()
+        .map_err(|e| ImageError::Environment(format!("cargo: {e}")))?;
+    if !status.success() {
+        return Err(ImageError::Step {
+            step: format!("cargo build -p {AGENT_PACKAGE}"),
+            log_tail: super::deps::tail(&err, 30),
+            log: None,
+        });
+    }
+    exe.ok_or_else(|| {
+        ImageError::Environment(format!(
+            "{AGENT_PACKAGE} has no binary target yet; pass --guest-agent PATH (a static binary or a #! script)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_dynamic_binaries() {
+        let sh = std::fs::read("/bin/sh").unwrap();
+        assert_eq!(has_interpreter(&sh), Ok(true));
+        if let Ok(bb) = std::fs::read(super::super::deps::BUSYBOX_PATH) {
+            assert_eq!(has_interpreter(&bb), Ok(false), "busybox-static is static");
+        }
+        assert!(has_interpreter(b"#!/bin/sh").is_err());
+        assert!(has_interpreter(b"\x7fELF\x02").is_err());
+    }
+
+    #[test]
+    fn scripts_are_accepted_as_test_inits() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("init");
+        std::fs::write(&p, "#!/bin/sh\necho ready\n").unwrap();
+        check_agent(&p).unwrap();
+        assert!(check_agent(Path::new("/bin/sh")).is_err());
+    }
+}

@@ -1,0 +1,290 @@
+//! The content hashes of an image's inputs and the `manifest.json` of a built image.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::error::ImageError;
+use super::recipe::Profile;
+
+/// Name of the manifest file in an image directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Kernel file name in an image directory.
+pub const VMLINUX_FILE: &str = "vmlinux";
+/// Initramfs file name in an image directory.
+pub const INITRAMFS_FILE: &str = "initramfs.cpio";
+/// Final kernel `.config`, kept for inspection.
+pub const CONFIG_FILE: &str = "config";
+
+/// A named blob identified by its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedHash {
+    /// File name.
+    pub name: String,
+    /// Hex SHA-256 of the contents.
+    pub sha256: String,
+}
+
+/// Everything that determines the kernel. Its hash names the kernel cache entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelInputs {
+    /// [`super::recipe::BUILDER_VERSION`].
+    pub builder_version: u32,
+    /// Guest kernel profile.
+    pub profile: Profile,
+    /// Debian source package and version, e.g. `linux-source-6.1 6.1.192-2`.
+    pub source_package: String,
+    /// `gcc --version` (first line).
+    pub compiler: String,
+    /// `KCFLAGS`, if any.
+    pub kcflags: Option<String>,
+    /// Config fragments, in merge order.
+    pub fragments: Vec<NamedHash>,
+    /// Patches, in application order.
+    pub patches: Vec<NamedHash>,
+}
+
+/// Everything that determines the image. Its hash names the image directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInputs {
+    /// [`super::recipe::BUILDER_VERSION`].
+    pub builder_version: u32,
+    /// Hash of the [`KernelInputs`].
+    pub kernel_inputs_hash: String,
+    /// SHA-256 of the guest agent binary (`/init`).
+    pub guest_agent_sha256: String,
+    /// SHA-256 of the busybox binary.
+    pub busybox_sha256: String,
+    /// Debian version of busybox-static.
+    pub busybox_version: String,
+    /// `strip --version` (first line); `/init` is the agent with debug info stripped.
+    pub strip: String,
+}
+
+/// SHA-256 of bytes, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// SHA-256 of a file, hex (streamed).
+pub fn sha256_file(path: &Path) -> Result<String, ImageError> {
+    let mut f = std::fs::File::open(path).map_err(ImageError::io(path))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(ImageError::io(path))?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Hash of a serialisable value: SHA-256 of its canonical JSON (fields in declaration
+/// order, no whitespace).
+pub fn content_hash<T: Serialize>(value: &T) -> String {
+    // Serialising these plain structs cannot fail.
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    sha256_hex(&json)
+}
+
+/// A built artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// File name in the image directory.
+    pub file: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Hex SHA-256.
+    pub sha256: String,
+}
+
+impl Artifact {
+    /// Describes the file `name` in `dir`.
+    pub fn of(dir: &Path, name: &str) -> Result<Artifact, ImageError> {
+        let path = dir.join(name);
+        let size = std::fs::metadata(&path)
+            .map_err(ImageError::io(&path))?
+            .len();
+        Ok(Artifact {
+            file: name.to_string(),
+            size,
+            sha256: sha256_file(&path)?,
+        })
+    }
+}
+
+/// Kernel facts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelManifest {
+    /// `make kernelrelease`, e.g. `6.1.192-voidbox`.
+    pub release: String,
+    /// Debian source package and version.
+    pub source_package: String,
+    /// SHA-256 of the final `.config`.
+    pub config_sha256: String,
+    /// Patches applied, in order.
+    pub patches: Vec<String>,
+    /// Compiler used.
+    pub compiler: String,
+    /// `KCFLAGS`, if any.
+    pub kcflags: Option<String>,
+    /// Hash of the kernel inputs (names the kernel cache entry).
+    pub inputs_hash: String,
+    /// Seconds the kernel build took (0 when reused from the kernel cache).
+    pub build_seconds: f64,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Manifest format version (1).
+    pub format: u32,
+    /// Content hash (of [`ImageInputs`]); the directory name.
+    pub hash: String,
+    /// Guest kernel profile.
+    pub profile: Profile,
+    /// The kernel command line the image expects (see [`Profile::cmdline`]).
+    pub cmdline: String,
+    /// Kernel facts.
+    pub kernel: KernelManifest,
+    /// SHA-256 of the guest agent binary given to the build.
+    pub guest_agent_sha256: String,
+    /// SHA-256 of `/init` in the initramfs (the agent, debug info stripped).
+    pub init_sha256: String,
+    /// Debian version of busybox-static.
+    pub busybox_version: String,
+    /// `vmlinux`.
+    pub vmlinux: Artifact,
+    /// `initramfs.cpio`.
+    pub initramfs: Artifact,
+    /// `config` (the kernel `.config`).
+    pub config: Artifact,
+    /// The hashed inputs.
+    pub inputs: ImageInputs,
+    /// The kernel's hashed inputs.
+    pub kernel_inputs: KernelInputs,
+    /// Seconds the whole build took.
+    pub build_seconds: f64,
+    /// Creation time, Unix seconds (not part of the hash).
+    pub created_unix: u64,
+}
+
+impl Manifest {
+    /// Reads and parses `dir/manifest.json`.
+    pub fn load(dir: &Path) -> Result<Manifest, ImageError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(ImageError::io(&path))?;
+        Manifest::parse(&text).map_err(|what| ImageError::Manifest { path, what })
+    }
+
+    /// Parses a manifest and checks its internal consistency.
+    pub fn parse(text: &str) -> Result<Manifest, String> {
+        let m: Manifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if m.format != 1 {
+            return Err(format!("unsupported manifest format {}", m.format));
+        }
+        if m.hash != content_hash(&m.inputs) {
+            return Err("hash does not match the recorded inputs".into());
+        }
+        if m.inputs.kernel_inputs_hash != content_hash(&m.kernel_inputs) {
+            return Err("kernel inputs hash does not match the recorded kernel inputs".into());
+        }
+        Ok(m)
+    }
+
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn kernel_inputs() -> KernelInputs {
+        KernelInputs {
+            builder_version: 1,
+            profile: Profile::Compat,
+            source_package: "linux-source-6.1 6.1.192-2".into(),
+            compiler: "gcc (Debian 12.2.0-14) 12.2.0".into(),
+            kcflags: Some("-mstringop-strategy=libcall".into()),
+            fragments: vec![NamedHash {
+                name: "base.config".into(),
+                sha256: sha256_hex(b"CONFIG_A=y"),
+            }],
+            patches: vec![],
+        }
+    }
+
+    pub(crate) fn manifest() -> Manifest {
+        let ki = kernel_inputs();
+        let inputs = ImageInputs {
+            builder_version: 1,
+            kernel_inputs_hash: content_hash(&ki),
+            guest_agent_sha256: sha256_hex(b"agent"),
+            busybox_sha256: sha256_hex(b"busybox"),
+            busybox_version: "1:1.35.0-4".into(),
+            strip: "GNU strip 2.40".into(),
+        };
+        let art = |f: &str| Artifact {
+            file: f.into(),
+            size: 1,
+            sha256: sha256_hex(b"x"),
+        };
+        Manifest {
+            format: 1,
+            hash: content_hash(&inputs),
+            profile: Profile::Compat,
+            cmdline: Profile::Compat.cmdline().into(),
+            kernel: KernelManifest {
+                release: "6.1.192-voidbox".into(),
+                source_package: ki.source_package.clone(),
+                config_sha256: sha256_hex(b"cfg"),
+                patches: vec![],
+                compiler: ki.compiler.clone(),
+                kcflags: ki.kcflags.clone(),
+                inputs_hash: inputs.kernel_inputs_hash.clone(),
+                build_seconds: 1.0,
+            },
+            guest_agent_sha256: inputs.guest_agent_sha256.clone(),
+            init_sha256: sha256_hex(b"init"),
+            busybox_version: inputs.busybox_version.clone(),
+            vmlinux: art(VMLINUX_FILE),
+            initramfs: art(INITRAMFS_FILE),
+            config: art(CONFIG_FILE),
+            inputs,
+            kernel_inputs: ki,
+            build_seconds: 2.0,
+            created_unix: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn hash_is_deterministic_and_input_sensitive() {
+        let a = kernel_inputs();
+        assert_eq!(content_hash(&a), content_hash(&a.clone()));
+        assert_eq!(content_hash(&a).len(), 64);
+        let mut b = a.clone();
+        b.profile = Profile::Plain;
+        assert_ne!(content_hash(&a), content_hash(&b));
+        let mut c = a.clone();
+        c.fragments[0].sha256 = sha256_hex(b"CONFIG_A=n");
+        assert_ne!(content_hash(&a), content_hash(&c));
+    }
+
+    #[test]
+    fn manifest_round_trip_and_consistency() {
+        let m = manifest();
+        let back = Manifest::parse(&m.to_json()).unwrap();
+        assert_eq!(m, back);
+        // Created time is outside the hash.
+        let mut later = m.clone();
+        later.created_unix += 100;
+        assert!(Manifest::parse(&later.to_json()).is_ok());
+        // Tampered inputs are caught.
+        let mut bad = m.clone();
+        bad.inputs.guest_agent_sha256 = sha256_hex(b"other");
+        assert!(Manifest::parse(&bad.to_json())
+            .unwrap_err()
+            .contains("hash"));
+        assert!(Manifest::parse("{").is_err());
+        assert!(Manifest::parse("{\"format\":2}").is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! `voidbox image ls|verify|rm` on a temporary cache holding a synthetic (but
+//! structurally complete) image. No kernel build, no VM.
+
+use std::path::Path;
+use std::process::Command;
+
+use voidbox::image::manifest::{
+    content_hash, sha256_hex, Artifact, ImageInputs, KernelInputs, KernelManifest, Manifest,
+    CONFIG_FILE, INITRAMFS_FILE, MANIFEST_FILE, VMLINUX_FILE,
+};
+use voidbox::image::{initramfs, Profile};
+
+/// ELF64 x86-64 executable header + one PT_NOTE with a PVH entry note.
+fn fake_vmlinux() -> Vec<u8> {
+    let mut b = vec![0u8; 64 + 56];
+    b[..4].copy_from_slice(b"\x7fELF");
+    b[4] = 2;
+    b[5] = 1;
+    b[16..18].copy_from_slice(&2u16.to_le_bytes());
+    b[18..20].copy_from_slice(&62u16.to_le_bytes());
+    b[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes());
+    b[32..40].copy_from_slice(&64u64.to_le_bytes());
+    b[54..56].copy_from_slice(&56u16.to_le_bytes());
+    b[56..58].copy_from_slice(&1u16.to_le_bytes());
+    let mut note = Vec::new();
+    for v in [4u32, 4, 18] {
+        note.extend(v.to_le_bytes());
+    }
+    note.extend(b"Xen\0");
+    note.extend(0x100_0500u32.to_le_bytes());
+    let off = b.len() as u64;
+    b[64..68].copy_from_slice(&4u32.to_le_bytes());
+    b[72..80].copy_from_slice(&off.to_le_bytes());
+    b[96..104].copy_from_slice(&(note.len() as u64).to_le_bytes());
+    b.extend(note);
+    b
+}
+
+/// Writes a complete image into `root/images/<hash>` and returns the hash.
+fn put_image(root: &Path, agent: &[u8]) -> String {
+    let applets: Vec<String> = voidbox::image::recipe::REQUIRED_APPLETS
+        .iter()
+        .map(|a| format!("bin/{a}"))
+        .collect();
+    let cpio = initramfs::build(agent, b"\x7fELFbusybox", &applets)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
+    let kin = KernelInputs {
+        builder_version: 1,
+        profile: Profile::Compat,
+        source_package: "linux-source-6.1 test".into(),
+        compiler: "gcc test".into(),
+        kcflags: None,
+        fragments: vec![],
+        patches: vec![],
+    };
+    let inputs = ImageInputs {
+        builder_version: 1,
+        kernel_inputs_hash: content_hash(&kin),
+        guest_agent_sha256: sha256_hex(agent),
+        busybox_sha256: sha256_hex(b"bb"),
+        busybox_version: "test".into(),
+        strip: "test".into(),
+    };
+    let hash = content_hash(&inputs);
+    let dir = root.join("images").join(&hash);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(VMLINUX_FILE), fake_vmlinux()).unwrap();
+    std::fs::write(dir.join(INITRAMFS_FILE), &cpio).unwrap();
+    std::fs::write(dir.join(CONFIG_FILE), config).unwrap();
+    let m = Manifest {
+        format: 1,
+        hash: hash.clone(),
+        profile: Profile::Compat,
+        cmdline: Profile::Compat.cmdline().into(),
+        kernel: KernelManifest {
+            release: "6.1.0-test".into(),
+            source_package: kin.source_package.clone(),
+            config_sha256: sha256_hex(config.as_bytes()),
+            patches: vec![],
+            compiler: kin.compiler.clone(),
+            kcflags: None,
+            inputs_hash: inputs.kernel_inputs_hash.clone(),
+            build_seconds: 0.0,
+        },
+        guest_agent_sha256: inputs.guest_agent_sha256.clone(),
+        init_sha256: sha256_hex(agent),
+        busybox_version: "test".into(),
+        vmlinux: Artifact::of(&dir, VMLINUX_FILE).unwrap(),
+        initramfs: Artifact::of(&dir, INITRAMFS_FILE).unwrap(),
+        config: Artifact::of(&dir, CONFIG_FILE).unwrap(),
+        inputs,
+        kernel_inputs: kin,
+        build_seconds: 1.0,
+        created_unix: 1,
+    };
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
+    hash
+}
+
+fn voidbox(root: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_voidbox"))
+        .arg("image")
+        .args(args)
+        .arg("--cache-dir")
+        .arg(root)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn ls_verify_rm_on_a_temp_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+
+    let (code, _, err) = voidbox(root, &["verify"]);
+    assert_eq!(code, 3, "empty cache: {err}");
+
+    let a = put_image(root, b"\x7fELFagent-a");
+    let b = put_image(root, b"\x7fELFagent-b");
+
+    let (code, out, err) = voidbox(root, &["verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        2,
+        "{out}"
+    );
+
+    let (code, out, _) = voidbox(root, &["ls", "--format", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[0]["profile"], "compat");
+
+    // Tampering is caught: one changed initramfs byte.
+    let cpio = root.join("images").join(&a).join(INITRAMFS_FILE);
+    let mut bytes = std::fs::read(&cpio).unwrap();
+    let last = bytes.len() - 20;
+    bytes[last] ^= 1;
+    std::fs::write(&cpio, bytes).unwrap();
+    let (code, out, _) = voidbox(root, &["verify", &a[..10]]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("sha256"), "{out}");
+
+    let (code, _, err) = voidbox(root, &["rm", &a[..12]]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!root.join("images").join(&a).exists());
+    assert!(root.join("images").join(&b).exists());
+
+    let (code, _, err) = voidbox(root, &["rm", "deadbeef"]);
+    assert_eq!(code, 3, "{err}");
+
+    let (code, _, _) = voidbox(root, &["rm", "--all"]);
+    assert_eq!(code, 0);
+    let (_, out, _) = voidbox(root, &["ls", "--format", "json"]);
+    assert_eq!(out.trim(), "[]");
+}
