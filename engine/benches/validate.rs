@@ -52,7 +52,11 @@ fn main() {
             .output()
             .expect("run voidbox");
         walls.push(start.elapsed());
-        assert_eq!(out.status.code(), Some(1), "mixed corpus must be reported invalid");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "mixed corpus must be reported invalid"
+        );
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         assert_eq!(doc["summary"]["invalid"], invalid);
     }
@@ -65,20 +69,41 @@ fn main() {
     for _ in 0..RUNS {
         let start = Instant::now();
         for (i, t) in texts.iter().enumerate() {
-            let v = voidbox::validate::validate_source(&format!("spec{i}.yaml"), t.clone(), Path::new("."));
+            let v = voidbox::validate::validate_source(
+                &format!("spec{i}.yaml"),
+                t.clone(),
+                Path::new("."),
+            );
             std::hint::black_box(&v);
         }
         per_spec.push(start.elapsed() / SPECS as u32);
     }
 
     let wall = median(walls.clone());
-    println!("voidbox validate: {SPECS} generated specs ({invalid} invalid), median of {RUNS} runs");
+    println!(
+        "voidbox validate: {SPECS} generated specs ({invalid} invalid), median of {RUNS} runs"
+    );
     println!("| measure | value |");
     println!("|---|---|");
-    println!("| CLI wall time, {SPECS} specs (one process) | {:.1} ms |", wall.as_secs_f64() * 1e3);
-    println!("| CLI time per spec | {:.3} ms |", wall.as_secs_f64() * 1e3 / SPECS as f64);
-    println!("| CLI fastest run per spec | {:.3} ms |", walls.iter().min().map_or(0.0, |d| d.as_secs_f64() * 1e3 / SPECS as f64));
+    println!(
+        "| CLI wall time, {SPECS} specs (one process) | {:.1} ms |",
+        wall.as_secs_f64() * 1e3
+    );
+    println!(
+        "| CLI time per spec | {:.3} ms |",
+        wall.as_secs_f64() * 1e3 / SPECS as f64
+    );
+    println!(
+        "| CLI fastest run per spec | {:.3} ms |",
+        walls
+            .iter()
+            .min()
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3 / SPECS as f64)
+    );
     println!("| CLI peak RSS | {:.1} MiB |", peak_rss_kib as f64 / 1024.0);
-    println!("| in-process time per spec (library) | {:.3} ms |", median(per_spec).as_secs_f64() * 1e3);
+    println!(
+        "| in-process time per spec (library) | {:.3} ms |",
+        median(per_spec).as_secs_f64() * 1e3
+    );
     println!("| target | ≤ 2 ms per spec; 1,000 specs < 2 s |");
 }

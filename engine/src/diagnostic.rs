@@ -206,20 +206,25 @@ impl FileReport {
                     .iter()
                     .map(|r| LabeledSpan::new_with_span(Some(r.label.clone()), clamp(r.span))),
             );
-            let mut md = MietteDiagnostic::new(format!("{}:{line}:{column}: {}", self.path, d.message))
-                .with_code(d.code)
-                .with_severity(match d.severity {
-                    Severity::Error => miette::Severity::Error,
-                    Severity::Warning => miette::Severity::Warning,
-                })
-                .with_labels(labels);
+            let mut md =
+                MietteDiagnostic::new(format!("{}:{line}:{column}: {}", self.path, d.message))
+                    .with_code(d.code)
+                    .with_severity(match d.severity {
+                        Severity::Error => miette::Severity::Error,
+                        Severity::Warning => miette::Severity::Warning,
+                    })
+                    .with_labels(labels);
             if let Some(help) = &d.help {
                 md = md.with_help(help.clone());
             }
             let report = miette::Report::new(md)
                 .with_source_code(NamedSource::new(&self.path, self.source.to_string()));
             if handler.render_report(&mut out, report.as_ref()).is_err() {
-                let _ = writeln!(out, "{}:{line}:{column}: {} [{}]", self.path, d.message, d.code);
+                let _ = writeln!(
+                    out,
+                    "{}:{line}:{column}: {} [{}]",
+                    self.path, d.message, d.code
+                );
             }
             out.push('\n');
         }
@@ -253,7 +258,9 @@ impl FileReport {
 }
 
 fn gh_escape_data(s: &str) -> String {
-    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+    s.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
 }
 
 fn gh_escape_property(s: &str) -> String {
@@ -268,8 +275,12 @@ mod tests {
         FileReport {
             path: "a,b.yaml".into(),
             source: Arc::from("kind: pipeline\nname: x\n"),
-            diagnostics: vec![Diagnostic::error("voidbox::unknown_field", "unknown field `nmae`", Span::new(15, 4))
-                .with_help("did you mean `name`?")],
+            diagnostics: vec![Diagnostic::error(
+                "voidbox::unknown_field",
+                "unknown field `nmae`",
+                Span::new(15, 4),
+            )
+            .with_help("did you mean `name`?")],
         }
     }
 

@@ -31,7 +31,10 @@ fn schema_file_is_up_to_date() {
         "schemas/voidbox.schema.json is stale: regenerate it with\n  cargo run -p voidbox -- schema > schemas/voidbox.schema.json"
     );
     let schema: serde_json::Value = serde_json::from_str(&r.stdout).expect("schema is JSON");
-    assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
+    assert_eq!(
+        schema["$schema"],
+        "https://json-schema.org/draft/2020-12/schema"
+    );
     assert!(schema["properties"]["kind"]["description"].is_string());
 }
 
@@ -55,7 +58,12 @@ fn examples_validate_and_have_the_schema_modeline() {
 
 #[test]
 fn github_format_emits_annotations() {
-    let r = run(&["validate", "--format", "github", "specs/invalid/unknown-field.yaml"]);
+    let r = run(&[
+        "validate",
+        "--format",
+        "github",
+        "specs/invalid/unknown-field.yaml",
+    ]);
     assert_eq!(r.code, Some(1));
     assert_eq!(
         r.stdout.trim_end(),
@@ -67,16 +75,31 @@ fn github_format_emits_annotations() {
 fn human_format_shows_snippet_and_help() {
     let r = run(&["validate", "specs/invalid/unknown-field.yaml"]);
     assert_eq!(r.code, Some(1));
-    assert!(r.stdout.contains("specs/invalid/unknown-field.yaml:8:7"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("specs/invalid/unknown-field.yaml:8:7"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("timeout_sec: 30"), "{}", r.stdout);
-    assert!(r.stdout.contains("did you mean `timeout_secs`?"), "{}", r.stdout);
-    assert!(r.stdout.contains("1 of 1 spec file invalid: 1 error"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("did you mean `timeout_secs`?"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("1 of 1 spec file invalid: 1 error"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
 fn usage_and_io_errors_exit_2() {
     assert_eq!(run(&["validate", "no/such/file.yaml"]).code, Some(2));
-    assert_eq!(run(&["validate", "--format", "xml", "examples"]).code, Some(2));
+    assert_eq!(
+        run(&["validate", "--format", "xml", "examples"]).code,
+        Some(2)
+    );
     assert_eq!(run(&["frobnicate"]).code, Some(2));
     let r = run(&["graph", "examples"]);
     assert_eq!(r.code, Some(2));
@@ -84,16 +107,24 @@ fn usage_and_io_errors_exit_2() {
     let tmp = tempfile::tempdir().expect("tmp");
     let r = run_in(BIN, tmp.path(), &["validate", "."]);
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.contains("no *.yaml or *.yml spec files found"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("no *.yaml or *.yml spec files found"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
 fn fifo_and_dangling_symlink_do_not_hang() {
     let tmp = tempfile::tempdir().expect("tmp");
     let fifo = tmp.path().join("pipe.yaml");
-    let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
     assert!(status.success());
-    std::os::unix::fs::symlink(tmp.path().join("missing"), tmp.path().join("link.yaml")).expect("symlink");
+    std::os::unix::fs::symlink(tmp.path().join("missing"), tmp.path().join("link.yaml"))
+        .expect("symlink");
     let start = Instant::now();
     let r = run_in(BIN, tmp.path(), &["validate", "pipe.yaml"]);
     assert_eq!(r.code, Some(2), "{}", r.stderr);
@@ -154,7 +185,11 @@ fn graph_formats_are_deterministic_and_well_formed() {
     assert!(mermaid.contains("n0 -->|\"stdin\"| n1"), "{mermaid}");
     let r = run(&["graph", "specs/invalid/cycle.yaml"]);
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains("dependency cycle: a → c → b → a"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("dependency cycle: a → c → b → a"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -173,7 +208,11 @@ fn dot_output_renders_with_graphviz() {
         stdin.write_all(dot.as_bytes()).expect("write dot");
     }
     let out = child.wait_with_output().expect("dot");
-    assert!(out.status.success(), "dot rejected the output: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dot rejected the output: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let svg = String::from_utf8_lossy(&out.stdout);
     assert!(svg.contains("<svg") && svg.contains("collect"), "{svg}");
 }
@@ -182,7 +221,11 @@ fn dot_output_renders_with_graphviz() {
 fn apply_dry_run_and_mock_mode() {
     let r = run(&["apply", "--dry-run", "examples/fan-out.yaml"]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stdout.starts_with("pipeline `text-stats`"), "{}", r.stdout);
+    assert!(
+        r.stdout.starts_with("pipeline `text-stats`"),
+        "{}",
+        r.stdout
+    );
     let r = run(&["apply", "specs/valid/mock-mode.yaml"]);
     assert_eq!(r.code, Some(2));
     assert!(r.stderr.contains("--dry-run"), "{}", r.stderr);

@@ -26,9 +26,18 @@ fn valid_specs_validate() {
     assert!(files.len() >= 8, "valid corpus too small: {files:?}");
     for f in files {
         let r = run_in(BIN, &dir, &["validate", "--format", "json", &f]);
-        assert_eq!(r.code, Some(0), "{f} should be valid:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(
+            r.code,
+            Some(0),
+            "{f} should be valid:\n{}{}",
+            r.stdout,
+            r.stderr
+        );
         let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
-        let diags = doc["files"][0]["diagnostics"].as_array().cloned().unwrap_or_default();
+        let diags = doc["files"][0]["diagnostics"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         assert!(
             diags.iter().all(|d| d["severity"] == "warning"),
             "{f}: {diags:?}"
@@ -40,7 +49,11 @@ fn valid_specs_validate() {
 fn invalid_specs_match_expected_diagnostics() {
     let dir = repo_root().join("specs/invalid");
     let files = yaml_files(&dir);
-    assert!(files.len() >= 25, "need at least 25 invalid cases, have {}", files.len());
+    assert!(
+        files.len() >= 25,
+        "need at least 25 invalid cases, have {}",
+        files.len()
+    );
     for f in files {
         let expected_path = dir.join(f.replace(".yaml", ".expected"));
         let expected = std::fs::read_to_string(&expected_path)
@@ -56,7 +69,13 @@ fn invalid_specs_match_expected_diagnostics() {
             "{f}: .expected lists no error"
         );
         let r = run_in(BIN, &dir, &["validate", "--format", "json", &f]);
-        assert_eq!(r.code, Some(1), "{f} should be invalid:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(
+            r.code,
+            Some(1),
+            "{f} should be invalid:\n{}{}",
+            r.stdout,
+            r.stderr
+        );
         let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
         let got: Vec<String> = doc["files"][0]["diagnostics"]
             .as_array()
@@ -72,12 +91,21 @@ fn invalid_specs_match_expected_diagnostics() {
                 )
             })
             .collect();
-        assert_eq!(got, expected, "{f}: diagnostics differ from {}", expected_path.display());
+        assert_eq!(
+            got,
+            expected,
+            "{f}: diagnostics differ from {}",
+            expected_path.display()
+        );
         // Every diagnostic carries a message; the human format shows file:line:col and the code.
         let human = run_in(BIN, &dir, &["validate", &f]);
         let first = &expected[0];
         let code = first.split_whitespace().nth(1).unwrap_or_default();
-        assert!(human.stdout.contains(code), "{f}: human output lacks {code}:\n{}", human.stdout);
+        assert!(
+            human.stdout.contains(code),
+            "{f}: human output lacks {code}:\n{}",
+            human.stdout
+        );
     }
 }
 

@@ -43,8 +43,7 @@ fn truncate(s: &str, max: usize) -> String {
 
 fn shell_word(s: &str) -> String {
     if !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
     {
         s.to_string()
@@ -109,7 +108,11 @@ fn resources(node: &PlanNode) -> String {
         ));
     }
     if !sb.mounts.is_empty() {
-        parts.push(format!("{} mount{}", sb.mounts.len(), if sb.mounts.len() == 1 { "" } else { "s" }));
+        parts.push(format!(
+            "{} mount{}",
+            sb.mounts.len(),
+            if sb.mounts.len() == 1 { "" } else { "s" }
+        ));
     }
     parts.join(", ")
 }
@@ -167,7 +170,9 @@ fn text(plan: &Plan) -> String {
         if n == 1 { "" } else { "s" },
         levels.len(),
         if levels.len() == 1 { "" } else { "s" },
-        plan.timeout_secs.map(|t| format!(", timeout {t}s")).unwrap_or_default()
+        plan.timeout_secs
+            .map(|t| format!(", timeout {t}s"))
+            .unwrap_or_default()
     );
     for (i, level) in levels.iter().enumerate() {
         let groups: Vec<usize> = {
@@ -199,7 +204,9 @@ fn text(plan: &Plan) -> String {
 }
 
 fn dot_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn edge_label(edge: &Edge) -> Option<String> {
@@ -219,7 +226,10 @@ fn dot(plan: &Plan) -> String {
         plan.kind.as_str(),
         dot_escape(&plan.name)
     );
-    let _ = writeln!(out, "  node [shape=box, style=rounded, fontname=\"Helvetica\"];");
+    let _ = writeln!(
+        out,
+        "  node [shape=box, style=rounded, fontname=\"Helvetica\"];"
+    );
     let _ = writeln!(out, "  edge [fontname=\"Helvetica\", fontsize=10];");
     let node_line = |idx: NodeIndex| {
         let n = &plan.graph[idx];
@@ -289,7 +299,12 @@ fn mermaid_escape(s: &str) -> String {
 fn mermaid(plan: &Plan) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "---");
-    let _ = writeln!(out, "title: {} {}", plan.kind.as_str(), mermaid_escape(&plan.name));
+    let _ = writeln!(
+        out,
+        "title: {} {}",
+        plan.kind.as_str(),
+        mermaid_escape(&plan.name)
+    );
     let _ = writeln!(out, "---");
     let _ = writeln!(out, "flowchart LR");
     let node_line = |idx: NodeIndex| {
@@ -338,7 +353,9 @@ mod tests {
 
     fn plan(src: &str) -> Plan {
         let v = validate_source("t.yaml", src.to_string(), Path::new("."));
-        let spec = v.spec.unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
+        let spec = v
+            .spec
+            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
         Plan::compile(&spec, Path::new("/specs")).expect("compiles")
     }
 
@@ -393,7 +410,13 @@ output: collect\n";
         let p = plan(src);
         let b = p.node("b").expect("b");
         let a = p.node("a").expect("a");
-        assert_eq!(p.graph[b].input, Input::Steps { deps: vec![a], stdin: Some(a) });
+        assert_eq!(
+            p.graph[b].input,
+            Input::Steps {
+                deps: vec![a],
+                stdin: Some(a)
+            }
+        );
         assert_eq!(p.output, Output::Merge(vec![b, p.node("c").expect("c")]));
         let t = render(&p, GraphFormat::Text);
         assert!(t.contains("← a (stdin: a)"), "{t}");

@@ -125,8 +125,7 @@ fn map_error(root: &Node, err: &ValidationError<'_>, out: &mut Vec<Diagnostic>) 
     let (node, _) = root.walk(inst.iter());
     let here = display_path(&inst);
     match err.kind() {
-        ValidationErrorKind::AnyOf { context }
-        | ValidationErrorKind::OneOfNotValid { context } => {
+        ValidationErrorKind::AnyOf { context } | ValidationErrorKind::OneOfNotValid { context } => {
             map_alternatives(root, err, context, out);
         }
         ValidationErrorKind::AdditionalProperties { unexpected } => {
@@ -139,9 +138,7 @@ fn map_error(root: &Node, err: &ValidationError<'_>, out: &mut Vec<Diagnostic>) 
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default();
             for name in unexpected {
-                let span = node
-                    .entry(name)
-                    .map_or(node.span, |(k, _)| k.span);
+                let span = node.entry(name).map_or(node.span, |(k, _)| k.span);
                 let help = did_you_mean(name, allowed.iter().map(String::as_str))
                     .map(|s| format!("did you mean `{s}`?"))
                     .or_else(|| {
@@ -170,12 +167,21 @@ fn map_error(root: &Node, err: &ValidationError<'_>, out: &mut Vec<Diagnostic>) 
             );
         }
         ValidationErrorKind::Type { kind } => {
-            out.push(type_mismatch(&here, &[format!("{kind:?}")], err.instance(), node.span));
+            out.push(type_mismatch(
+                &here,
+                &[format!("{kind:?}")],
+                err.instance(),
+                node.span,
+            ));
         }
         ValidationErrorKind::Enum { options } => {
             let options: Vec<String> = options
                 .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
             out.push(enum_diagnostic(node, &inst, err.instance(), &options));
         }
@@ -255,9 +261,13 @@ fn enum_diagnostic(node: &Node, inst: &[String], value: &Value, options: &[Strin
         .and_then(|s| did_you_mean(s, options.iter().map(String::as_str)))
         .map(|s| format!("did you mean `{s}`?"))
         .unwrap_or_else(|| format!("expected one of: {}", one_of(options)));
-    Diagnostic::error(code, format!("invalid value {} for {here}", display_value(value)), node.span)
-        .with_label("not allowed")
-        .with_help(help)
+    Diagnostic::error(
+        code,
+        format!("invalid value {} for {here}", display_value(value)),
+        node.span,
+    )
+    .with_label("not allowed")
+    .with_help(help)
 }
 
 /// An `anyOf`/`oneOf` failure: report the errors of the alternative the author most likely
@@ -306,7 +316,9 @@ fn map_alternatives(
                         discriminators.push(s.to_string());
                     }
                 }
-                ValidationErrorKind::AdditionalProperties { unexpected } => score += unexpected.len(),
+                ValidationErrorKind::AdditionalProperties { unexpected } => {
+                    score += unexpected.len()
+                }
                 _ => score += 1,
             }
         }
@@ -332,7 +344,10 @@ fn map_alternatives(
             out.push(
                 Diagnostic::error(
                     "voidbox::invalid_value",
-                    format!("unknown `type` {} in {here}", display_value(&type_node.to_json())),
+                    format!(
+                        "unknown `type` {} in {here}",
+                        display_value(&type_node.to_json())
+                    ),
                     type_node.span,
                 )
                 .with_label("not allowed")
@@ -340,19 +355,29 @@ fn map_alternatives(
             );
             return;
         }
-        out.push(Diagnostic::error(
-            "voidbox::missing_field",
-            format!("missing required field `type` in {here}"),
-            head(node),
-        ).with_help(format!("expected one of: {}", one_of(&discriminators))));
+        out.push(
+            Diagnostic::error(
+                "voidbox::missing_field",
+                format!("missing required field `type` in {here}"),
+                head(node),
+            )
+            .with_help(format!("expected one of: {}", one_of(&discriminators))),
+        );
         return;
     }
-    out.push(type_mismatch(&here, &wanted_types, err.instance(), node.span));
+    out.push(type_mismatch(
+        &here,
+        &wanted_types,
+        err.instance(),
+        node.span,
+    ));
 }
 
 /// "`x` must be an integer, found string `lots`", from `TypeKind` debug renderings.
 fn type_mismatch(here: &str, kinds: &[String], value: &Value, span: Span) -> Diagnostic {
-    const NAMES: [&str; 7] = ["object", "array", "string", "integer", "number", "boolean", "null"];
+    const NAMES: [&str; 7] = [
+        "object", "array", "string", "integer", "number", "boolean", "null",
+    ];
     let joined = kinds.join(" ").to_lowercase();
     let expected: Vec<String> = NAMES
         .iter()
@@ -435,7 +460,12 @@ mod tests {
         let got = check("kind: pipeline\nname: x\npipeline:\n  boxes:\n    - name: a\n      timeout_sec: 3\n      run: {program: echo}\n");
         assert_eq!(
             got,
-            vec![("voidbox::unknown_field".into(), 6, 7, "did you mean `timeout_secs`?".into())]
+            vec![(
+                "voidbox::unknown_field".into(),
+                6,
+                7,
+                "did you mean `timeout_secs`?".into()
+            )]
         );
     }
 
@@ -450,7 +480,15 @@ mod tests {
     #[test]
     fn unknown_stage_type_suggests() {
         let got = check("kind: pipeline\nname: x\npipeline:\n  boxes: []\n  stages:\n    - type: fanout\n      boxes: [a, b]\n");
-        assert_eq!(got, vec![("voidbox::invalid_value".into(), 6, 13, "did you mean `fan_out`?".into())]);
+        assert_eq!(
+            got,
+            vec![(
+                "voidbox::invalid_value".into(),
+                6,
+                13,
+                "did you mean `fan_out`?".into()
+            )]
+        );
     }
 
     #[test]
@@ -459,12 +497,21 @@ mod tests {
         assert_eq!(got[0].0, "voidbox::out_of_range");
         assert_eq!((got[0].1, got[0].2), (4, 14));
         assert_eq!(got[1].0, "voidbox::out_of_range");
-        assert_eq!(got[2], ("voidbox::unknown_provider".into(), 7, 13, "did you mean `claude`?".into()));
+        assert_eq!(
+            got[2],
+            (
+                "voidbox::unknown_provider".into(),
+                7,
+                13,
+                "did you mean `claude`?".into()
+            )
+        );
     }
 
     #[test]
     fn wrong_types() {
-        let got = check("kind: pipeline\nname: x\nsandbox:\n  memory_mb: lots\npipeline:\n  boxes: {}\n");
+        let got =
+            check("kind: pipeline\nname: x\nsandbox:\n  memory_mb: lots\npipeline:\n  boxes: {}\n");
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got.iter().all(|g| g.0 == "voidbox::invalid_type"));
     }

@@ -111,7 +111,10 @@ impl Node {
     /// The key and value under `key` when this node is a mapping.
     pub fn entry(&self, key: &str) -> Option<(&Key, &Node)> {
         match &self.kind {
-            NodeKind::Map(entries) => entries.iter().find(|(k, _)| k.name == key).map(|(k, v)| (k, v)),
+            NodeKind::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.name == key)
+                .map(|(k, v)| (k, v)),
             _ => None,
         }
     }
@@ -387,8 +390,12 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
         }
     }
     root.ok_or_else(|| {
-        LoadError::new("voidbox::empty_file", "the spec file is empty", Span::new(0, 0))
-            .with_help("a spec starts with `api_version: v1` and `kind: …`")
+        LoadError::new(
+            "voidbox::empty_file",
+            "the spec file is empty",
+            Span::new(0, 0),
+        )
+        .with_help("a spec starts with `api_version: v1` and `kind: …`")
     })
 }
 
@@ -467,8 +474,12 @@ fn resolve_scalar(
         return match core_tag(tag) {
             Some("str") => Ok(NodeKind::Str(value.into_owned())),
             Some("null") => Ok(NodeKind::Null),
-            Some("bool") => parse_bool(&value).map(NodeKind::Bool).ok_or_else(|| bad("bool")),
-            Some("int") => parse_int(&value).map(NodeKind::Number).ok_or_else(|| bad("integer")),
+            Some("bool") => parse_bool(&value)
+                .map(NodeKind::Bool)
+                .ok_or_else(|| bad("bool")),
+            Some("int") => parse_int(&value)
+                .map(NodeKind::Number)
+                .ok_or_else(|| bad("integer")),
             Some("float") => parse_float(&value)
                 .or_else(|| parse_int(&value))
                 .map(NodeKind::Number)
@@ -554,7 +565,10 @@ pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(src.len());
     let before = &src.as_bytes()[..offset];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |p| p + 1);
     let col = src
         .get(line_start..offset)
         .map_or(offset - line_start, |s| s.chars().count())
@@ -620,7 +634,10 @@ mod tests {
 
     #[test]
     fn aliases_expand() {
-        assert_eq!(json("a: &x {k: 1}\nb: *x\n"), serde_json::json!({"a": {"k": 1}, "b": {"k": 1}}));
+        assert_eq!(
+            json("a: &x {k: 1}\nb: *x\n"),
+            serde_json::json!({"a": {"k": 1}, "b": {"k": 1}})
+        );
     }
 
     #[test]
@@ -633,7 +650,10 @@ mod tests {
     #[test]
     fn empty_and_multi_document() {
         assert_eq!(parse("").expect_err("empty").code, "voidbox::empty_file");
-        assert_eq!(parse("# only a comment\n").expect_err("empty").code, "voidbox::empty_file");
+        assert_eq!(
+            parse("# only a comment\n").expect_err("empty").code,
+            "voidbox::empty_file"
+        );
         assert_eq!(
             parse("a: 1\n---\nb: 2\n").expect_err("multi").code,
             "voidbox::multiple_documents"

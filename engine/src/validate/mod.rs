@@ -94,7 +94,9 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
 fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut buf = Vec::new();
-    std::fs::File::open(path)?.take(cap + 1).read_to_end(&mut buf)?;
+    std::fs::File::open(path)?
+        .take(cap + 1)
+        .read_to_end(&mut buf)?;
     Ok(buf)
 }
 
@@ -176,7 +178,12 @@ pub fn validate_source(path: &str, text: String, base: &Path) -> Validated {
     finish(path, source, diagnostics, spec)
 }
 
-fn finish(path: &str, source: Arc<str>, mut diagnostics: Vec<Diagnostic>, spec: Option<Spec>) -> Validated {
+fn finish(
+    path: &str,
+    source: Arc<str>,
+    mut diagnostics: Vec<Diagnostic>,
+    spec: Option<Spec>,
+) -> Validated {
     diagnostics.sort_by(|a, b| {
         (a.span.offset, a.code, &a.message).cmp(&(b.span.offset, b.code, &b.message))
     });

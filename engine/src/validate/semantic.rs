@@ -58,7 +58,10 @@ fn check_sections(root: &Node, kind: Option<&str>, out: &mut Vec<Diagnostic>) {
             out.push(
                 Diagnostic::error(
                     "voidbox::missing_section",
-                    format!("`kind: {}` requires a `{section}:` block", kind.unwrap_or_default()),
+                    format!(
+                        "`kind: {}` requires a `{section}:` block",
+                        kind.unwrap_or_default()
+                    ),
                     root.get("kind").map_or(Span::default(), |n| n.span),
                 )
                 .with_label(format!("needs `{section}:`")),
@@ -88,7 +91,9 @@ fn check_sections(root: &Node, kind: Option<&str>, out: &mut Vec<Diagnostic>) {
             Some(k @ ("agent" | "pipeline" | "workflow")) => out.push(
                 Diagnostic::warning(
                     "voidbox::ignored_section",
-                    format!("`{section}:` is ignored by `kind: {k}` (it belongs to `kind: {belongs}`)"),
+                    format!(
+                        "`{section}:` is ignored by `kind: {k}` (it belongs to `kind: {belongs}`)"
+                    ),
                     span,
                 )
                 .with_related(kind_span, "kind declared here"),
@@ -119,7 +124,10 @@ fn check_sandbox(sandbox: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                             format!("`sandbox.{key}` file `{p}` does not exist"),
                             node.span,
                         )
-                        .with_help(format!("paths are relative to the spec file's directory: {}", base.display())),
+                        .with_help(format!(
+                            "paths are relative to the spec file's directory: {}",
+                            base.display()
+                        )),
                     );
                 }
             }
@@ -141,7 +149,10 @@ fn check_mounts(mounts: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
                             host.span,
                         )
                         .with_label("no such file or directory")
-                        .with_help(format!("host paths are relative to the spec file's directory: {}", base.display())),
+                        .with_help(format!(
+                            "host paths are relative to the spec file's directory: {}",
+                            base.display()
+                        )),
                     );
                 }
             }
@@ -152,7 +163,9 @@ fn check_mounts(mounts: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
                     out.push(
                         Diagnostic::error(
                             "voidbox::invalid_mount",
-                            format!("mount guest path `{g}` must be absolute and must not contain `..`"),
+                            format!(
+                                "mount guest path `{g}` must be absolute and must not contain `..`"
+                            ),
                             guest.span,
                         )
                         .with_help("for example `/workspace/src`"),
@@ -173,7 +186,9 @@ fn check_env(env: Option<&Node>, out: &mut Vec<Diagnostic>) {
             .chars()
             .next()
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && k.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            && k.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
             out.push(
                 Diagnostic::error(
@@ -193,7 +208,10 @@ fn check_skills(skills: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
             NodeKind::Str(text) => check_skill_string(text, s.span, base, out),
             NodeKind::Map(_) => {
                 if let Some(mount) = s.get("mount") {
-                    if let Some(m) = mount.as_str().filter(|m| !m.is_empty() && !m.starts_with('/')) {
+                    if let Some(m) = mount
+                        .as_str()
+                        .filter(|m| !m.is_empty() && !m.starts_with('/'))
+                    {
                         out.push(
                             Diagnostic::error(
                                 "voidbox::invalid_skill",
@@ -220,8 +238,12 @@ fn check_agent(agent: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
         };
         if empty && mode != "interactive" {
             out.push(
-                Diagnostic::error("voidbox::empty_prompt", "`agent.prompt` is empty", prompt.span)
-                    .with_help("give the agent a task, or use `mode: interactive`"),
+                Diagnostic::error(
+                    "voidbox::empty_prompt",
+                    "`agent.prompt` is empty",
+                    prompt.span,
+                )
+                .with_help("give the agent a task, or use `mode: interactive`"),
             );
         }
     }
@@ -262,11 +284,19 @@ fn check_agent(agent: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
 }
 
 /// Names declared by a list of items (`boxes` or `steps`); reports duplicates.
-fn declared_names<'a>(list: &'a [Node], what: &str, out: &mut Vec<Diagnostic>) -> HashMap<&'a str, (usize, Span)> {
+fn declared_names<'a>(
+    list: &'a [Node],
+    what: &str,
+    out: &mut Vec<Diagnostic>,
+) -> HashMap<&'a str, (usize, Span)> {
     let mut names: HashMap<&str, (usize, Span)> = HashMap::new();
     for (i, item) in list.iter().enumerate() {
-        let Some(name_node) = item.get("name") else { continue };
-        let Some(name) = name_node.as_str() else { continue };
+        let Some(name_node) = item.get("name") else {
+            continue;
+        };
+        let Some(name) = name_node.as_str() else {
+            continue;
+        };
         if let Some((_, first)) = names.get(name) {
             out.push(
                 Diagnostic::error(
@@ -285,7 +315,13 @@ fn declared_names<'a>(list: &'a [Node], what: &str, out: &mut Vec<Diagnostic>) -
     names
 }
 
-fn unknown_ref(code: &'static str, what: &'static str, name: &str, span: Span, known: &HashMap<&str, (usize, Span)>) -> Diagnostic {
+fn unknown_ref(
+    code: &'static str,
+    what: &'static str,
+    name: &str,
+    span: Span,
+    known: &HashMap<&str, (usize, Span)>,
+) -> Diagnostic {
     let mut candidates: Vec<&str> = known.keys().copied().collect();
     candidates.sort_unstable();
     let help = did_you_mean(name, candidates.iter().copied())
@@ -338,7 +374,9 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                     format!("box `{name}` has neither `prompt` nor `run`"),
                     head,
                 )
-                .with_help("add `prompt: …` for an agent box or `run: {program: …}` for a command box"),
+                .with_help(
+                    "add `prompt: …` for an agent box or `run: {program: …}` for a command box",
+                ),
             ),
             (None, Some(_)) => {
                 for key in ["skills", "llm"] {
@@ -381,7 +419,8 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                             from.span,
                         )
                         .with_help_opt(
-                            did_you_mean(f, outputs.iter().copied()).map(|s| format!("did you mean `{s}`?")),
+                            did_you_mean(f, outputs.iter().copied())
+                                .map(|s| format!("did you mean `{s}`?")),
                         ),
                     );
                 }
@@ -392,12 +431,20 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
 }
 
 fn check_stages(pipeline: &Node, names: &HashMap<&str, (usize, Span)>, out: &mut Vec<Diagnostic>) {
-    let Some(stages_node) = pipeline.get("stages") else { return };
+    let Some(stages_node) = pipeline.get("stages") else {
+        return;
+    };
     let stages = items(Some(stages_node));
     let mut used: HashMap<String, Span> = HashMap::new();
     let mut use_box = |name: &str, span: Span, out: &mut Vec<Diagnostic>| {
         if !names.contains_key(name) {
-            out.push(unknown_ref("voidbox::unknown_box", "box", name, span, names));
+            out.push(unknown_ref(
+                "voidbox::unknown_box",
+                "box",
+                name,
+                span,
+                names,
+            ));
         } else if let Some(first) = used.get(name) {
             out.push(
                 Diagnostic::error(
@@ -406,7 +453,9 @@ fn check_stages(pipeline: &Node, names: &HashMap<&str, (usize, Span)>, out: &mut
                     span,
                 )
                 .with_related(*first, "first used here")
-                .with_help("every box is one node with one fresh VM; declare a second box to run it again"),
+                .with_help(
+                    "every box is one node with one fresh VM; declare a second box to run it again",
+                ),
             );
         } else {
             used.insert(name.to_string(), span);
@@ -423,8 +472,12 @@ fn check_stages(pipeline: &Node, names: &HashMap<&str, (usize, Span)>, out: &mut
                 }
             }
             Some("fan_out") => {
-                let Some(list) = stage.get("boxes") else { continue };
-                let NodeKind::Seq(members) = &list.kind else { continue };
+                let Some(list) = stage.get("boxes") else {
+                    continue;
+                };
+                let NodeKind::Seq(members) = &list.kind else {
+                    continue;
+                };
                 match members.len() {
                     0 => out.push(
                         Diagnostic::error("voidbox::empty_fan_out", "`fan_out` stage has no boxes", list.span)
@@ -500,7 +553,13 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
             }
             deps.insert(dep, d.span);
             match names.get(dep) {
-                None => out.push(unknown_ref("voidbox::unknown_step", "step", dep, d.span, &names)),
+                None => out.push(unknown_ref(
+                    "voidbox::unknown_step",
+                    "step",
+                    dep,
+                    d.span,
+                    &names,
+                )),
                 Some((j, _)) => {
                     graph.add_edge(idx[i], idx[*j], d.span);
                 }
@@ -529,7 +588,13 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                         src.span,
                     ));
                 } else if !names.contains_key(s) {
-                    out.push(unknown_ref("voidbox::unknown_step", "step", s, src.span, &names));
+                    out.push(unknown_ref(
+                        "voidbox::unknown_step",
+                        "step",
+                        s,
+                        src.span,
+                        &names,
+                    ));
                 } else if !deps.contains_key(s) {
                     out.push(
                         Diagnostic::error(
@@ -542,7 +607,9 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                 }
             }
         }
-        if step.get("mode").and_then(Node::as_str) == Some("service") && step.get("timeout_secs").is_some() {
+        if step.get("mode").and_then(Node::as_str) == Some("service")
+            && step.get("timeout_secs").is_some()
+        {
             out.push(Diagnostic::error(
                 "voidbox::mode_conflict",
                 format!("step `{name}`: `mode: service` and `timeout_secs` are mutually exclusive"),
@@ -560,7 +627,13 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     report_cycles(&graph, steps, out);
     if let Some(os) = workflow.get("output_step") {
         if let Some(s) = os.as_str().filter(|s| !names.contains_key(s)) {
-            out.push(unknown_ref("voidbox::unknown_output_step", "step", s, os.span, &names));
+            out.push(unknown_ref(
+                "voidbox::unknown_output_step",
+                "step",
+                s,
+                os.span,
+                &names,
+            ));
         }
     }
 }
@@ -576,7 +649,9 @@ fn report_cycles(graph: &DiGraph<usize, Span>, steps: &[Node], out: &mut Vec<Dia
             continue;
         }
         let members: HashSet<NodeIndex> = scc.iter().copied().collect();
-        let Some(&start) = scc.iter().min_by_key(|n| graph[**n]) else { continue };
+        let Some(&start) = scc.iter().min_by_key(|n| graph[**n]) else {
+            continue;
+        };
         // Walk dependencies inside the component until we return to the start.
         let path = cycle_path(graph, start, &members);
         let mut text: Vec<&str> = path.iter().map(|(n, _)| name_of(graph[*n])).collect();
@@ -598,7 +673,11 @@ fn report_cycles(graph: &DiGraph<usize, Span>, steps: &[Node], out: &mut Vec<Dia
 
 /// A simple cycle through `start` within `members`: the nodes in order with the span of the
 /// dependency edge leaving each.
-fn cycle_path(graph: &DiGraph<usize, Span>, start: NodeIndex, members: &HashSet<NodeIndex>) -> Vec<(NodeIndex, Span)> {
+fn cycle_path(
+    graph: &DiGraph<usize, Span>,
+    start: NodeIndex,
+    members: &HashSet<NodeIndex>,
+) -> Vec<(NodeIndex, Span)> {
     // Depth-first search for a path back to `start`, preferring declaration order.
     let mut stack: Vec<(NodeIndex, Vec<(NodeIndex, Span)>)> = vec![(start, Vec::new())];
     let mut seen: HashSet<NodeIndex> = HashSet::new();

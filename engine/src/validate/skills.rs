@@ -37,7 +37,10 @@ pub fn parse_skill(s: &str) -> Result<SkillRef<'_>, (String, Option<String>)> {
         ));
     };
     if value.trim().is_empty() {
-        return Err((format!("malformed skill `{s}`: nothing after `{kind}:`"), None));
+        return Err((
+            format!("malformed skill `{s}`: nothing after `{kind}:`"),
+            None,
+        ));
     }
     let simple_name = |v: &str| {
         !v.is_empty()
@@ -106,7 +109,10 @@ fn check_file_skill(rel: &str, span: Span, base: &Path, out: &mut Vec<Diagnostic
                     span,
                 )
                 .with_label("no such file")
-                .with_help(format!("paths are relative to the spec file's directory: {}", base.display())),
+                .with_help(format!(
+                    "paths are relative to the spec file's directory: {}",
+                    base.display()
+                )),
             );
             return;
         }
@@ -206,7 +212,10 @@ pub fn agent_skill_problems(text: &str, dir_name: &str) -> Vec<SkillProblem> {
     let problem = |line: usize, message: String| SkillProblem { line, message };
     let mut lines = text.split_inclusive('\n');
     if lines.next().map(str::trim_end) != Some("---") {
-        return vec![problem(1, "missing YAML frontmatter (a `---` block with `name` and `description`)".into())];
+        return vec![problem(
+            1,
+            "missing YAML frontmatter (a `---` block with `name` and `description`)".into(),
+        )];
     }
     let mut body_len = 0usize;
     let mut closing = None;
@@ -218,7 +227,10 @@ pub fn agent_skill_problems(text: &str, dir_name: &str) -> Vec<SkillProblem> {
         body_len += line.len();
     }
     let Some(closing_line) = closing else {
-        return vec![problem(1, "frontmatter is not closed by a `---` line".into())];
+        return vec![problem(
+            1,
+            "frontmatter is not closed by a `---` line".into(),
+        )];
     };
     let start = text.find('\n').map_or(text.len(), |p| p + 1);
     let front = &text[start..start + body_len];
@@ -226,47 +238,84 @@ pub fn agent_skill_problems(text: &str, dir_name: &str) -> Vec<SkillProblem> {
     let root = match yaml::parse(front) {
         Ok(root) => root,
         Err(e) if e.code == "voidbox::empty_file" => {
-            return vec![problem(closing_line, "frontmatter is empty: `name` and `description` are required".into())]
+            return vec![problem(
+                closing_line,
+                "frontmatter is empty: `name` and `description` are required".into(),
+            )]
         }
-        Err(e) => return vec![problem(line_of(e.span.offset), format!("frontmatter is not valid YAML: {}", e.message))],
+        Err(e) => {
+            return vec![problem(
+                line_of(e.span.offset),
+                format!("frontmatter is not valid YAML: {}", e.message),
+            )]
+        }
     };
     if !matches!(root.kind, NodeKind::Map(_)) {
-        return vec![problem(2, "frontmatter must be a mapping of keys to values".into())];
+        return vec![problem(
+            2,
+            "frontmatter must be a mapping of keys to values".into(),
+        )];
     }
     let mut problems = Vec::new();
     match root.get("name") {
         None => problems.push(problem(2, "frontmatter has no `name`".into())),
-        Some(node) => match scalar_text(node) {
-            None => problems.push(problem(line_of(node.span.offset), "`name` must be a string".into())),
-            Some(name) => {
-                let line = line_of(node.span.offset);
-                let len = name.chars().count();
-                if !(1..=64).contains(&len) {
-                    problems.push(problem(line, format!("`name` must be 1-64 characters, it has {len}")));
-                }
-                if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
-                    problems.push(problem(line, format!("`name` `{name}` may only use lowercase letters, digits and hyphens")));
-                }
-                if name.starts_with('-') || name.ends_with('-') {
-                    problems.push(problem(line, format!("`name` `{name}` must not start or end with a hyphen")));
-                }
-                if name.contains("--") {
-                    problems.push(problem(line, format!("`name` `{name}` must not contain consecutive hyphens")));
-                }
-                if name != dir_name {
-                    problems.push(problem(line, format!("`name` `{name}` must equal its directory name `{dir_name}`")));
+        Some(node) => {
+            match scalar_text(node) {
+                None => problems.push(problem(
+                    line_of(node.span.offset),
+                    "`name` must be a string".into(),
+                )),
+                Some(name) => {
+                    let line = line_of(node.span.offset);
+                    let len = name.chars().count();
+                    if !(1..=64).contains(&len) {
+                        problems.push(problem(
+                            line,
+                            format!("`name` must be 1-64 characters, it has {len}"),
+                        ));
+                    }
+                    if !name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    {
+                        problems.push(problem(line, format!("`name` `{name}` may only use lowercase letters, digits and hyphens")));
+                    }
+                    if name.starts_with('-') || name.ends_with('-') {
+                        problems.push(problem(
+                            line,
+                            format!("`name` `{name}` must not start or end with a hyphen"),
+                        ));
+                    }
+                    if name.contains("--") {
+                        problems.push(problem(
+                            line,
+                            format!("`name` `{name}` must not contain consecutive hyphens"),
+                        ));
+                    }
+                    if name != dir_name {
+                        problems.push(problem(
+                            line,
+                            format!("`name` `{name}` must equal its directory name `{dir_name}`"),
+                        ));
+                    }
                 }
             }
-        },
+        }
     }
     match root.get("description") {
         None => problems.push(problem(2, "frontmatter has no `description`".into())),
         Some(node) => match scalar_text(node) {
-            None => problems.push(problem(line_of(node.span.offset), "`description` must be a string".into())),
+            None => problems.push(problem(
+                line_of(node.span.offset),
+                "`description` must be a string".into(),
+            )),
             Some(d) => {
                 let len = d.trim().chars().count();
                 if !(1..=1024).contains(&len) {
-                    problems.push(problem(line_of(node.span.offset), format!("`description` must be 1-1024 characters, it has {len}")));
+                    problems.push(problem(
+                        line_of(node.span.offset),
+                        format!("`description` must be 1-1024 characters, it has {len}"),
+                    ));
                 }
             }
         },
@@ -290,8 +339,14 @@ mod tests {
 
     #[test]
     fn parses_skill_strings() {
-        assert_eq!(parse_skill("agent:claude-code"), Ok(SkillRef::Agent("claude-code")));
-        assert_eq!(parse_skill("remote:obra/superpowers/brainstorming"), Ok(SkillRef::Remote("obra/superpowers/brainstorming")));
+        assert_eq!(
+            parse_skill("agent:claude-code"),
+            Ok(SkillRef::Agent("claude-code"))
+        );
+        assert_eq!(
+            parse_skill("remote:obra/superpowers/brainstorming"),
+            Ok(SkillRef::Remote("obra/superpowers/brainstorming"))
+        );
         assert!(parse_skill("remote:justname").is_err());
         assert!(parse_skill("nocolon").is_err());
         assert!(parse_skill("cli:").is_err());
@@ -310,12 +365,19 @@ mod tests {
         assert!(msgs.iter().any(|m| m.contains("lowercase")), "{msgs:?}");
         assert!(msgs.iter().any(|m| m.contains("start or end")), "{msgs:?}");
         assert!(msgs.iter().any(|m| m.contains("consecutive")), "{msgs:?}");
-        assert!(msgs.iter().any(|m| m.contains("directory name")), "{msgs:?}");
+        assert!(
+            msgs.iter().any(|m| m.contains("directory name")),
+            "{msgs:?}"
+        );
         assert!(msgs.iter().any(|m| m.contains("description")), "{msgs:?}");
         assert!(p.iter().all(|p| p.line == 2 || p.line == 3), "{p:?}");
         assert_eq!(agent_skill_problems("# no frontmatter\n", "x")[0].line, 1);
-        assert!(agent_skill_problems("---\nname: x\n", "x")[0].message.contains("not closed"));
+        assert!(agent_skill_problems("---\nname: x\n", "x")[0]
+            .message
+            .contains("not closed"));
         let long = format!("---\nname: x\ndescription: {}\n---\n", "d".repeat(1025));
-        assert!(agent_skill_problems(&long, "x")[0].message.contains("1-1024"));
+        assert!(agent_skill_problems(&long, "x")[0]
+            .message
+            .contains("1-1024"));
     }
 }
