@@ -86,6 +86,27 @@ pub struct ApplyArgs {
     /// Print the plan and exit without starting any VM.
     #[arg(long)]
     pub dry_run: bool,
+    /// Input of the first stage: inline JSON, or `@FILE`.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub input: Option<String>,
+    /// What stdout carries: the pipeline's output (human) or the JSON report (json).
+    #[arg(long, value_enum, default_value_t = crate::run::OutputFormat::Human)]
+    pub output: crate::run::OutputFormat,
+    /// Write a JUnit XML report (one testcase per node) to PATH.
+    #[arg(long, value_name = "PATH")]
+    pub junit: Option<PathBuf>,
+    /// Most nodes running at once (default: the number of cores; memory also limits it).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_parallel: Option<u32>,
+    /// Per-node output cap (e.g. 16MiB); a larger output fails the node.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = crate::run::data::parse_size)]
+    pub max_output: u64,
+    /// Seconds to wait for each VM's guest agent to come up.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub boot_timeout: u64,
+    /// Directory for the guest console logs (default: $XDG_STATE_HOME/voidbox/runs/…).
+    #[arg(long, value_name = "DIR")]
+    pub logs_dir: Option<PathBuf>,
 }
 
 /// Entry point of the `voidbox` binary.
@@ -139,12 +160,13 @@ pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
             .into_iter()
             .filter_entry(|e| {
                 e.depth() == 0
-                    || !(e.file_type().is_dir()
-                        && e.file_name().to_string_lossy().starts_with('.'))
+                    || !(e.file_type().is_dir() && e.file_name().to_string_lossy().starts_with('.'))
             });
         for entry in walker {
             let entry = entry.map_err(|e| {
-                let path = e.path().map_or_else(|| p.display().to_string(), |x| x.display().to_string());
+                let path = e
+                    .path()
+                    .map_or_else(|| p.display().to_string(), |x| x.display().to_string());
                 let reason = e.io_error().map_or_else(|| e.to_string(), io_text);
                 format!("{path}: {reason}")
             })?;
@@ -157,7 +179,10 @@ pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
             }
         }
         if files.len() == before {
-            return Err(format!("{}: no *.yaml or *.yml spec files found", p.display()));
+            return Err(format!(
+                "{}: no *.yaml or *.yml spec files found",
+                p.display()
+            ));
         }
     }
     Ok(files)
@@ -253,7 +278,11 @@ fn validate_cmd(args: &ValidateArgs) -> ExitCode {
                     "io_errors": io_errors,
                 }
             });
-            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&doc).unwrap_or_default()
+            );
         }
     }
     for e in &io_errors {
@@ -330,9 +359,23 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    eprintln!(
-        "error: running pipelines needs the voidbox micro-VM runtime, which this build does not include yet\n  help: `voidbox apply --dry-run {}` prints the plan",
-        args.file.display()
-    );
-    ExitCode::from(3)
+    let input = args.input.as_deref().map(crate::run::parse_input);
+    let input = match input.transpose() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = crate::run::ApplyOptions {
+        input,
+        output: args.output,
+        junit: args.junit.clone(),
+        max_parallel: args.max_parallel.map(|n| n as usize),
+        max_output: args.max_output,
+        boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+        logs_dir: args.logs_dir.clone(),
+        ..crate::run::ApplyOptions::default()
+    };
+    ExitCode::from(crate::run::apply(plan, &opts))
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod image;
 pub mod plan;
+pub mod run;
 pub mod sandbox;
 pub mod spec;
 pub mod suggest;

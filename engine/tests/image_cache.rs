@@ -60,6 +60,7 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         builder_version: 1,
         kernel_inputs_hash: content_hash(&kin),
         guest_agent_sha256: sha256_hex(agent),
+        mock_llm_sha256: None,
         busybox_sha256: sha256_hex(b"bb"),
         busybox_version: "test".into(),
         strip: "test".into(),

@@ -18,6 +18,19 @@ pub const AGENT_ENV: &str = "VOIDBOX_GUEST_AGENT";
 pub const AGENT_PACKAGE: &str = "voidbox-guest-agent";
 /// Target triple the agent is built for.
 pub const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The offline mock LLM runtime (a second binary of the guest-agent package, behind its
+/// `mock-llm` feature), shipped in the image for `llm.provider: mock`.
+pub const MOCK_LLM_BIN: &str = "voidbox-mock-llm";
+/// Where the mock runtime lives in the guest.
+pub const MOCK_LLM_GUEST_PATH: &str = "opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
+
+/// The mock LLM runtime built beside `agent` (same directory), if there is one.
+pub fn mock_llm_beside(agent: &Path) -> Option<PathBuf> {
+    agent
+        .parent()
+        .map(|d| d.join(MOCK_LLM_BIN))
+        .filter(|p| p.is_file())
+}
 
 /// The voidbox source tree this binary was built from, if it is still there.
 pub fn source_tree() -> Option<PathBuf> {
@@ -105,6 +118,8 @@ pub fn build_from_source(ws: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf
             "--message-format=json-render-diagnostics",
             "-p",
             AGENT_PACKAGE,
+            "--features",
+            "mock-llm",
         ])
         .args(["--target", AGENT_TARGET])
         .env("CARGO_TARGET_DIR", ws.join("target/guest"))
@@ -127,10 +142,8 @@ pub fn build_from_source(ws: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf
             let is_bin = v["target"]["kind"]
                 .as_array()
                 .is_some_and(|k| k.iter().any(|k| k == "bin"));
-            let ours = v["package_id"]
-                .as_str()
-                .is_some_and(|p| p.contains(AGENT_PACKAGE))
-                || v["target"]["name"].as_str() == Some(AGENT_PACKAGE);
+            // The package has two binaries (the agent and the mock runtime): pick the agent.
+            let ours = v["target"]["name"].as_str() == Some(AGENT_PACKAGE);
             if v["reason"] == "compiler-artifact" && is_bin && ours {
                 if let Some(e) = v["executable"].as_str() {
                     exe = Some(PathBuf::from(e));

@@ -84,10 +84,16 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
     let khash = content_hash(&kin);
     let agent_bytes = fs::read(&req.guest_agent).map_err(ImageError::io(&req.guest_agent))?;
     let busybox_bytes = fs::read(&tc.busybox).map_err(ImageError::io(&tc.busybox))?;
+    let mock_llm = agent::mock_llm_beside(&req.guest_agent);
+    let mock_bytes = match &mock_llm {
+        Some(m) => Some(fs::read(m).map_err(ImageError::io(m))?),
+        None => None,
+    };
     let inputs = ImageInputs {
         builder_version: recipe::BUILDER_VERSION,
         kernel_inputs_hash: khash.clone(),
         guest_agent_sha256: sha256_hex(&agent_bytes),
+        mock_llm_sha256: mock_bytes.as_deref().map(sha256_hex),
         busybox_sha256: sha256_hex(&busybox_bytes),
         busybox_version: tc.busybox_version.clone(),
         strip: tc.strip.clone(),
@@ -139,7 +145,11 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
     fs::create_dir_all(&stage).map_err(ImageError::io(&stage))?;
     let applets = initramfs::busybox_applets(&tc.busybox)?;
     let init_bytes = strip_debug(&req.guest_agent, &agent_bytes, &stage)?;
-    let archive = initramfs::build(&init_bytes, &busybox_bytes, &applets)?;
+    let mut archive = initramfs::build(&init_bytes, &busybox_bytes, &applets)?;
+    if let (Some(path), Some(bytes)) = (&mock_llm, &mock_bytes) {
+        let stripped = strip_debug(path, bytes, &stage)?;
+        initramfs::add_executable(&mut archive, agent::MOCK_LLM_GUEST_PATH, &stripped)?;
+    }
     let cpio_path = stage.join(INITRAMFS_FILE);
     let mut f = fs::File::create(&cpio_path).map_err(ImageError::io(&cpio_path))?;
     archive.write_to(&mut f)?;

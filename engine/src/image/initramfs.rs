@@ -74,6 +74,24 @@ pub fn busybox_applets(busybox: &Path) -> Result<Vec<String>, ImageError> {
         .collect())
 }
 
+/// Adds an executable at `path` (e.g. a runtime under `opt/voidbox/runtimes/`), with its
+/// parent directories.
+pub fn add_executable(a: &mut Archive, path: &str, bytes: &[u8]) -> Result<(), ImageError> {
+    let mut dir = String::new();
+    let parents: Vec<&str> = path.split('/').collect();
+    for part in &parents[..parents.len().saturating_sub(1)] {
+        if !dir.is_empty() {
+            dir.push('/');
+        }
+        dir.push_str(part);
+        if a.get(&dir).is_none() {
+            a.insert(&dir, entry(0o755, 0, Kind::Dir))?;
+        }
+    }
+    a.insert(path, entry(0o755, 0, Kind::File(bytes.to_vec())))?;
+    Ok(())
+}
+
 /// Builds the archive. `applets` are busybox's `--list-full` paths.
 pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive, ImageError> {
     let mut a = Archive::new();

@@ -54,6 +54,10 @@ pub struct ImageInputs {
     pub kernel_inputs_hash: String,
     /// SHA-256 of the guest agent binary (`/init`).
     pub guest_agent_sha256: String,
+    /// SHA-256 of the mock LLM runtime (`/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm`),
+    /// when the image ships it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mock_llm_sha256: Option<String>,
     /// SHA-256 of the busybox binary.
     pub busybox_sha256: String,
     /// Debian version of busybox-static.
@@ -219,6 +223,7 @@ pub(crate) mod tests {
             builder_version: 1,
             kernel_inputs_hash: content_hash(&ki),
             guest_agent_sha256: sha256_hex(b"agent"),
+            mock_llm_sha256: None,
             busybox_sha256: sha256_hex(b"busybox"),
             busybox_version: "1:1.35.0-4".into(),
             strip: "GNU strip 2.40".into(),

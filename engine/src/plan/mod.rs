@@ -37,6 +37,8 @@ pub struct Plan {
     pub timeout_secs: Option<u64>,
     /// `sandbox.mode` of the spec.
     pub mode: SandboxMode,
+    /// Directory relative paths (skills, mounts) resolve against.
+    pub spec_dir: PathBuf,
 }
 
 /// One node: one fresh micro-VM.
@@ -183,7 +185,12 @@ impl Plan {
             Kind::Workflow => b.workflow()?,
         };
         if petgraph::algo::is_cyclic_directed(&b.graph) {
-            let name = b.graph.node_weights().next().map(|n| n.name.clone()).unwrap_or_default();
+            let name = b
+                .graph
+                .node_weights()
+                .next()
+                .map(|n| n.name.clone())
+                .unwrap_or_default();
             return Err(PlanError::Cycle(name));
         }
         Ok(Plan {
@@ -195,6 +202,7 @@ impl Plan {
             on_failure: spec.on_failure,
             timeout_secs: spec.timeout_secs,
             mode: spec.sandbox.mode,
+            spec_dir: spec_dir.to_path_buf(),
         })
     }
 
@@ -224,7 +232,9 @@ impl Plan {
 
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<NodeIndex> {
-        self.graph.node_indices().find(|i| self.graph[*i].name == name)
+        self.graph
+            .node_indices()
+            .find(|i| self.graph[*i].name == name)
     }
 }
 
@@ -254,10 +264,14 @@ impl Builder<'_> {
             network: over.and_then(|o| o.network).unwrap_or(base.network),
             env,
             mounts,
-            image: over.and_then(|o| o.image.clone()).or_else(|| base.image.clone()),
+            image: over
+                .and_then(|o| o.image.clone())
+                .or_else(|| base.image.clone()),
             kernel: base.kernel.as_deref().map(abs),
             initramfs: base.initramfs.as_deref().map(abs),
-            snapshot: over.and_then(|o| o.snapshot.clone()).or_else(|| base.snapshot.clone()),
+            snapshot: over
+                .and_then(|o| o.snapshot.clone())
+                .or_else(|| base.snapshot.clone()),
         }
     }
 
@@ -301,11 +315,7 @@ impl Builder<'_> {
     fn sandbox_kind(&mut self) -> Output {
         let node = PlanNode {
             name: self.spec.name.clone(),
-            action: self
-                .spec
-                .run
-                .clone()
-                .map_or(Action::Shell, Action::Command),
+            action: self.spec.run.clone().map_or(Action::Shell, Action::Command),
             sandbox: self.resolve_sandbox(None),
             timeout_secs: None,
             retries: self.spec.retries.unwrap_or(0),
@@ -325,7 +335,9 @@ impl Builder<'_> {
             pipeline
                 .boxes
                 .iter()
-                .map(|b| Stage::Box { name: b.name.clone() })
+                .map(|b| Stage::Box {
+                    name: b.name.clone(),
+                })
                 .collect()
         } else {
             pipeline.stages.clone()
@@ -359,7 +371,9 @@ impl Builder<'_> {
                         output_file: None,
                         mode: AgentMode::Task,
                     }),
-                    (None, None) => return Err(PlanError::Unknown("action of box", name.to_string())),
+                    (None, None) => {
+                        return Err(PlanError::Unknown("action of box", name.to_string()))
+                    }
                 };
                 let node = PlanNode {
                     name: b.name.clone(),
@@ -435,7 +449,11 @@ impl Builder<'_> {
                 if deps.contains(&dep) {
                     continue;
                 }
-                let edge = if Some(dep) == stdin { Edge::Stdin } else { Edge::DependsOn };
+                let edge = if Some(dep) == stdin {
+                    Edge::Stdin
+                } else {
+                    Edge::DependsOn
+                };
                 self.graph.add_edge(dep, me, edge);
                 deps.push(dep);
             }
@@ -449,7 +467,12 @@ impl Builder<'_> {
         let sinks: Vec<NodeIndex> = self
             .graph
             .node_indices()
-            .filter(|n| self.graph.edges_directed(*n, Direction::Outgoing).next().is_none())
+            .filter(|n| {
+                self.graph
+                    .edges_directed(*n, Direction::Outgoing)
+                    .next()
+                    .is_none()
+            })
             .collect();
         Ok(match sinks.as_slice() {
             [one] => Output::Node(*one),

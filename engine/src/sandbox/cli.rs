@@ -35,8 +35,9 @@ pub struct RunArgs {
     /// Working directory in the guest.
     #[arg(long, short = 'w', value_name = "DIR")]
     pub workdir: Option<String>,
-    /// Seconds to wait for the guest to boot.
-    #[arg(long, value_name = "SECS", default_value_t = 60, hide = true)]
+    /// Seconds to wait for the guest agent to come up (a cold boot takes 10-30 s on a KVM
+    /// that interprets guest kernel code, longer when several VMs boot at once).
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub boot_timeout: u64,
     /// The command and its arguments.
     #[arg(

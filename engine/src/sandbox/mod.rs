@@ -72,7 +72,7 @@ impl SandboxConfig {
             memory_mb: 256,
             vcpus: 1,
             launcher: VmmLauncher::default(),
-            boot_timeout: Duration::from_secs(60),
+            boot_timeout: Duration::from_secs(300),
             wall_limit: None,
             keep_console: None,
             runtime_dir: None,

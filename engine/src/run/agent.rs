@@ -1,0 +1,389 @@
+//! Agent boxes: which LLM runtimes can run here, the skills copied into the guest, the exec
+//! request for the runtime, and the parser of its claude-code-style stream-json output.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use voidbox_protocol::ExecRequest;
+
+use super::scheduler::AgentStats;
+use crate::plan::{Action, AgentAction, Plan};
+use crate::spec::model::{Provider, SkillEntry};
+use crate::validate::skills::{parse_skill, SkillRef};
+
+/// The mock runtime's path in the guest image.
+pub const MOCK_RUNTIME: &str = "/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
+/// Where skills go in the guest (`<dir>/<name>/SKILL.md`, design §3).
+pub const GUEST_SKILLS_DIR: &str = "/home/sandbox/.claude/skills";
+/// Default guest file the runtime writes its result to.
+pub const DEFAULT_OUTPUT_FILE: &str = "/workspace/output.json";
+/// Longest stream-json line parsed (longer ones are skipped).
+const MAX_LINE: usize = 1 << 20;
+/// Tool calls kept in the report.
+const MAX_TOOL_CALLS: usize = 256;
+/// Result text kept in the report.
+const MAX_RESULT_CHARS: usize = 4096;
+/// Bounds on what a `file:` skill may copy into the guest.
+const MAX_SKILL_FILES: usize = 256;
+const MAX_SKILL_BYTES: u64 = 8 << 20;
+
+/// Plan-time check: every agent node's provider can run on this installation. Only `mock`
+/// ships in the guest image; others are refused, never substituted.
+pub fn check_providers(plan: &Plan) -> Result<(), String> {
+    for n in plan.graph.node_weights() {
+        if let Action::Agent(a) = &n.action {
+            if a.llm.provider != Provider::Mock {
+                return Err(format!(
+                    "agent box `{}` uses `llm.provider: {}`, whose CLI is not in the guest image of this installation\n  help: only `provider: mock` (an offline stand-in) can run here for now",
+                    n.name,
+                    a.llm.provider.as_str()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A file to copy into the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestFile {
+    /// Absolute guest path.
+    pub path: String,
+    /// Contents.
+    pub data: Vec<u8>,
+}
+
+/// The skill files of an agent, resolved against `spec_dir`.
+pub fn skill_files(spec_dir: &Path, skills: &[SkillEntry]) -> Result<Vec<GuestFile>, String> {
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for s in skills {
+        match s {
+            SkillEntry::Inline(i) => out.push(GuestFile {
+                path: format!("{GUEST_SKILLS_DIR}/{}/SKILL.md", safe_name(&i.name)),
+                data: i.content.clone().into_bytes(),
+            }),
+            SkillEntry::Simple(text) => match parse_skill(text) {
+                Ok(SkillRef::File(rel)) => {
+                    file_skill(&spec_dir.join(rel), &mut out, &mut total)?;
+                }
+                Ok(SkillRef::Agent(_) | SkillRef::Cli(_)) => {}
+                Ok(SkillRef::Remote(_) | SkillRef::Mcp(_)) | Err(_) => {
+                    return Err(format!("skill `{text}` is not supported by `apply` yet (only `file:` and inline skills)"))
+                }
+            },
+            SkillEntry::Oci(_) | SkillEntry::Mcp(_) => {
+                return Err("OCI and MCP skills are not supported by `apply` yet".into())
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn safe_name(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn file_skill(path: &Path, out: &mut Vec<GuestFile>, total: &mut u64) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("skill {}: {e}", path.display()))?;
+    let stem = |p: &Path| {
+        p.file_stem()
+            .map(|s| safe_name(&s.to_string_lossy()))
+            .unwrap_or_default()
+    };
+    let mut add = |guest: String, host: &Path| -> Result<(), String> {
+        let data = std::fs::read(host).map_err(|e| format!("skill {}: {e}", host.display()))?;
+        *total += data.len() as u64;
+        if out.len() >= MAX_SKILL_FILES || *total > MAX_SKILL_BYTES {
+            return Err(format!(
+                "skill {} is too large to copy into the guest",
+                path.display()
+            ));
+        }
+        out.push(GuestFile { path: guest, data });
+        Ok(())
+    };
+    if meta.is_dir() {
+        let name = path
+            .file_name()
+            .map(|s| safe_name(&s.to_string_lossy()))
+            .unwrap_or_default();
+        let mut files: Vec<PathBuf> = walkdir::WalkDir::new(path)
+            .sort_by_file_name()
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_type().is_file())
+            .map(|e| e.into_path())
+            .collect();
+        files.sort();
+        for f in files {
+            let Ok(rel) = f.strip_prefix(path) else {
+                continue;
+            };
+            let rel: Vec<String> = rel
+                .iter()
+                .map(|c| safe_name(&c.to_string_lossy()))
+                .collect();
+            add(format!("{GUEST_SKILLS_DIR}/{name}/{}", rel.join("/")), &f)?;
+        }
+    } else if path.file_name().is_some_and(|n| n == "SKILL.md") {
+        let name = path.parent().map(stem).unwrap_or_else(|| "skill".into());
+        add(format!("{GUEST_SKILLS_DIR}/{name}/SKILL.md"), path)?;
+    } else {
+        add(format!("{GUEST_SKILLS_DIR}/{}/SKILL.md", stem(path)), path)?;
+    }
+    Ok(())
+}
+
+/// The exec request that runs the mock runtime for `agent`.
+pub fn runtime_request(
+    agent: &AgentAction,
+    output_file: &str,
+    timeout: Option<u64>,
+) -> ExecRequest {
+    ExecRequest {
+        program: MOCK_RUNTIME.into(),
+        args: vec![
+            "-p".into(),
+            agent.prompt.clone(),
+            "--output-format".into(),
+            "stream-json".into(),
+            "--verbose".into(),
+            "--skills-dir".into(),
+            GUEST_SKILLS_DIR.into(),
+            "--output-file".into(),
+            output_file.into(),
+        ],
+        env: vec![("HOME".into(), "/home/sandbox".into())],
+        workdir: Some("/workspace".into()),
+        timeout_secs: timeout,
+        ..ExecRequest::default()
+    }
+}
+
+/// Incremental parser of stream-json (one JSON object per line). Hostile input: lines are
+/// bounded, anything that is not an object of a known type is ignored.
+#[derive(Debug, Default)]
+pub struct StreamParser {
+    line: Vec<u8>,
+    skipping: bool,
+    stats: AgentStats,
+    result_seen: bool,
+    is_error: bool,
+    events: u64,
+}
+
+/// What the stream said in the end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSummary {
+    /// Usage, cost, tools, result.
+    pub stats: AgentStats,
+    /// A `result` event arrived.
+    pub result_seen: bool,
+    /// The result was an error.
+    pub is_error: bool,
+    /// JSON events parsed.
+    pub events: u64,
+}
+
+impl StreamParser {
+    /// Feeds bytes (any chunking).
+    pub fn push(&mut self, data: &[u8]) {
+        for &b in data {
+            if b == b'\n' {
+                if !self.skipping {
+                    let line = std::mem::take(&mut self.line);
+                    self.line_done(&line);
+                }
+                self.line.clear();
+                self.skipping = false;
+            } else if !self.skipping {
+                if self.line.len() >= MAX_LINE {
+                    self.skipping = true;
+                    self.line.clear();
+                } else {
+                    self.line.push(b);
+                }
+            }
+        }
+    }
+
+    /// Ends the stream (a last line without newline counts).
+    pub fn finish(mut self) -> StreamSummary {
+        if !self.skipping && !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line);
+        }
+        StreamSummary {
+            stats: self.stats,
+            result_seen: self.result_seen,
+            is_error: self.is_error,
+            events: self.events,
+        }
+    }
+
+    fn line_done(&mut self, line: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else {
+            return;
+        };
+        self.events += 1;
+        match v.get("type").and_then(Value::as_str) {
+            Some("system") => {
+                if let Some(m) = v.get("model").and_then(Value::as_str) {
+                    self.stats.model = Some(cap(m, 200));
+                }
+            }
+            Some("assistant") => {
+                let content = v.pointer("/message/content").and_then(Value::as_array);
+                for c in content.into_iter().flatten() {
+                    if c.get("type").and_then(Value::as_str) == Some("tool_use")
+                        && self.stats.tool_calls.len() < MAX_TOOL_CALLS
+                    {
+                        let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
+                        self.stats.tool_calls.push(cap(name, 200));
+                    }
+                }
+            }
+            Some("result") => {
+                self.result_seen = true;
+                self.is_error = v.get("is_error").and_then(Value::as_bool).unwrap_or(false)
+                    || v.get("subtype")
+                        .and_then(Value::as_str)
+                        .is_some_and(|s| s != "success");
+                self.stats.result = v
+                    .get("result")
+                    .and_then(Value::as_str)
+                    .map(|s| cap(s, MAX_RESULT_CHARS));
+                let num = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+                self.stats.input_tokens = num("/usage/input_tokens")
+                    .saturating_add(num("/usage/cache_read_input_tokens"))
+                    .saturating_add(num("/usage/cache_creation_input_tokens"));
+                self.stats.output_tokens = num("/usage/output_tokens");
+                self.stats.num_turns = num("/num_turns");
+                self.stats.cost_usd = v
+                    .get("total_cost_usd")
+                    .and_then(Value::as_f64)
+                    .filter(|c| c.is_finite() && *c >= 0.0)
+                    .unwrap_or(0.0);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn cap(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STREAM: &str = concat!(
+        r#"{"type":"system","subtype":"init","model":"mock-1","tools":["Read","Write","Skill"]}"#,
+        "\n",
+        r#"{"type":"assistant","message":{"content":[{"type":"text","text":"hi"},{"type":"tool_use","id":"t1","name":"Skill","input":{"skill":"summarize"}}]}}"#,
+        "\n",
+        r#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}}"#,
+        "\n",
+        "not json at all\n",
+        r#"{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t2","name":"Write","input":{}}]}}"#,
+        "\n",
+        r#"{"type":"result","subtype":"success","is_error":false,"result":"done","num_turns":3,"total_cost_usd":0.0123,"usage":{"input_tokens":100,"output_tokens":20,"cache_read_input_tokens":5}}"#
+    );
+
+    #[test]
+    fn parses_usage_tools_and_result_in_any_chunking() {
+        for chunk in [1usize, 7, 4096] {
+            let mut p = StreamParser::default();
+            for c in STREAM.as_bytes().chunks(chunk) {
+                p.push(c);
+            }
+            let s = p.finish();
+            assert!(s.result_seen && !s.is_error);
+            assert_eq!(s.events, 5);
+            assert_eq!(s.stats.model.as_deref(), Some("mock-1"));
+            assert_eq!(s.stats.tool_calls, vec!["Skill", "Write"]);
+            assert_eq!((s.stats.input_tokens, s.stats.output_tokens), (105, 20));
+            assert_eq!(s.stats.num_turns, 3);
+            assert!((s.stats.cost_usd - 0.0123).abs() < 1e-12);
+            assert_eq!(s.stats.result.as_deref(), Some("done"));
+        }
+    }
+
+    #[test]
+    fn hostile_streams_are_bounded() {
+        let mut p = StreamParser::default();
+        p.push(&vec![b'{'; MAX_LINE + 10]);
+        p.push(b"\n{\"type\":\"result\",\"subtype\":\"error_max_turns\",\"total_cost_usd\":-1}\n");
+        let s = p.finish();
+        assert!(s.result_seen && s.is_error);
+        assert_eq!(s.stats.cost_usd, 0.0);
+        assert_eq!(s.events, 1);
+    }
+
+    #[test]
+    fn skills_are_copied_under_the_claude_dir() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("skills/sum/refs")).unwrap();
+        std::fs::write(
+            d.path().join("skills/sum/SKILL.md"),
+            "---\nname: sum\n---\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("skills/sum/refs/a.md"), "a").unwrap();
+        std::fs::write(d.path().join("plain.md"), "p").unwrap();
+        let files = skill_files(
+            d.path(),
+            &[
+                SkillEntry::Simple("file:skills/sum".into()),
+                SkillEntry::Simple("file:plain.md".into()),
+                SkillEntry::Simple("agent:claude-code".into()),
+            ],
+        )
+        .unwrap();
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "/home/sandbox/.claude/skills/sum/SKILL.md",
+                "/home/sandbox/.claude/skills/sum/refs/a.md",
+                "/home/sandbox/.claude/skills/plain/SKILL.md",
+            ]
+        );
+        assert!(skill_files(d.path(), &[SkillEntry::Simple("remote:a/b".into())]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod mock_runtime_tests {
+    use super::*;
+
+    /// Captured from `voidbox-mock-llm` (guest-agent/src/bin) on the host.
+    const CAPTURED: &str = include_str!("testdata/mock-stream.jsonl");
+
+    #[test]
+    fn parses_the_mock_runtime_stream() {
+        let mut p = StreamParser::default();
+        p.push(CAPTURED.as_bytes());
+        let s = p.finish();
+        assert!(s.result_seen && !s.is_error);
+        assert_eq!(s.stats.model.as_deref(), Some("voidbox-mock-1"));
+        assert_eq!(s.stats.tool_calls, vec!["Skill", "Read", "Write"]);
+        assert!(s.stats.input_tokens > 0 && s.stats.output_tokens > 0);
+        assert!(s.stats.cost_usd > 0.0);
+        assert!(s
+            .stats
+            .result
+            .unwrap_or_default()
+            .starts_with("mock result for"));
+    }
+}

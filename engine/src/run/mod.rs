@@ -1,0 +1,304 @@
+//! `voidbox apply`: executes a [`Plan`] — every node in its own fresh micro-VM, data flowing
+//! along the edges (design §4), fan-out branches in parallel and merged as JSON arrays.
+//!
+//! [`scheduler`] drives the DAG on tokio through an [`Executor`](scheduler::Executor)
+//! ([`vm::VmExecutor`] for real VMs); [`data`] holds the merge and input rules; [`report`]
+//! the summary table, JSON report and JUnit XML; [`agent`] the agent runtime and its
+//! stream-json parser.
+//!
+//! Exit codes: 0 success, 1 the pipeline failed (a node failed or timed out, or the
+//! pipeline timed out), 2 usage (bad `--input`), 3 environment (no KVM, no guest image, an
+//! LLM provider that cannot run here, a node that can never fit in memory), 128+n on signal n.
+
+pub mod agent;
+pub mod control;
+pub mod data;
+pub mod progress;
+pub mod report;
+pub mod scheduler;
+pub mod vm;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::image::ProgressMode;
+use crate::plan::Plan;
+use crate::sandbox::{check_kvm, GuestImage, VmmLauncher};
+use progress::{Bars, Plain, Progress};
+use scheduler::{Abort, Executor, RunResult, SchedOptions};
+
+/// Memory kept free for the host beyond the VMs' budget.
+pub const HOST_MARGIN_MB: u64 = 512;
+/// Per-VM memory beyond the guest RAM (VMM, page tables, buffers).
+pub const VM_OVERHEAD_MB: u64 = 32;
+
+/// What `--output` prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// The pipeline's final output (the summary goes to stderr).
+    Human,
+    /// The JSON report (see [`report`]).
+    Json,
+}
+
+/// `apply` settings.
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    /// Input of the first stage.
+    pub input: Option<Vec<u8>>,
+    /// stdout format.
+    pub output: OutputFormat,
+    /// JUnit XML destination.
+    pub junit: Option<PathBuf>,
+    /// Most nodes at once (default: the host's cores).
+    pub max_parallel: Option<usize>,
+    /// Per-node output cap.
+    pub max_output: u64,
+    /// Boot deadline per VM.
+    pub boot_timeout: Duration,
+    /// Where console logs go (default: the state dir).
+    pub logs_dir: Option<PathBuf>,
+    /// First retry delay.
+    pub retry_base: Duration,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        ApplyOptions {
+            input: None,
+            output: OutputFormat::Human,
+            junit: None,
+            max_parallel: None,
+            max_output: data::DEFAULT_MAX_OUTPUT,
+            boot_timeout: Duration::from_secs(300),
+            logs_dir: None,
+            retry_base: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in MiB.
+pub fn mem_available_mb() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+/// The memory budget for running VMs (MiB), and an error for a node that can never fit.
+pub fn memory_budget(plan: &Plan, available_mb: u64) -> Result<u64, String> {
+    let budget = available_mb.saturating_sub(HOST_MARGIN_MB);
+    for n in plan.graph.node_weights() {
+        let need = n.sandbox.memory_mb + VM_OVERHEAD_MB;
+        if need > budget {
+            return Err(format!(
+                "node `{}` needs {} MiB ({} MiB guest + {VM_OVERHEAD_MB} MiB overhead) but only {budget} MiB are available for VMs ({available_mb} MiB available minus a {HOST_MARGIN_MB} MiB margin)",
+                n.name, need, n.sandbox.memory_mb
+            ));
+        }
+    }
+    Ok(budget)
+}
+
+fn default_logs_dir(plan: &Plan) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    base.join("voidbox/runs")
+        .join(format!("{}-{ms}-{}", plan.name, std::process::id()))
+}
+
+/// Runs `plan` with the real VM executor, printing progress, summary and reports.
+/// Returns the exit code.
+pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
+    if let Some(n) = plan
+        .graph
+        .node_weights()
+        .find(|n| matches!(n.action, crate::plan::Action::Shell))
+    {
+        eprintln!(
+            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:`, or use `voidbox shell`",
+            n.name
+        );
+        return 2;
+    }
+    if let Err(e) = agent::check_providers(&plan) {
+        eprintln!("error: {e}");
+        return 3;
+    }
+    if let Err(e) = check_kvm() {
+        eprintln!("error: {e}");
+        return 3;
+    }
+    let budget = match mem_available_mb().map(|m| memory_budget(&plan, m)) {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+        None => u64::MAX,
+    };
+    let image = match GuestImage::ensure(ProgressMode::Auto) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+    };
+    let logs_dir = opts
+        .logs_dir
+        .clone()
+        .unwrap_or_else(|| default_logs_dir(&plan));
+    if let Err(e) = std::fs::create_dir_all(&logs_dir) {
+        eprintln!("error: creating {}: {e}", logs_dir.display());
+        return 3;
+    }
+    let runtime_dir = match tempfile::Builder::new().prefix("voidbox-apply-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: creating a runtime directory: {e}");
+            return 3;
+        }
+    };
+    let exec = Arc::new(vm::VmExecutor {
+        image,
+        launcher: VmmLauncher::default(),
+        boot_timeout: opts.boot_timeout,
+        logs_dir,
+        runtime_dir: Some(runtime_dir.path().to_path_buf()),
+        spec_dir: plan.spec_dir.clone(),
+        kill_children_on_abort: true,
+    });
+    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
+        Arc::new(Bars::new())
+    } else {
+        Arc::new(Plain)
+    };
+    let sched = SchedOptions {
+        max_parallel: opts
+            .max_parallel
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1),
+        memory_budget_mb: budget,
+        vm_overhead_mb: VM_OVERHEAD_MB,
+        max_output: opts.max_output,
+        retry_base: opts.retry_base,
+        run_input: opts.input.clone(),
+    };
+    let plan = Arc::new(plan);
+    let result = match run_with_signals(plan.clone(), exec, sched, progress.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+    };
+    progress.finish();
+    drop(runtime_dir);
+    finish(&plan, &result, opts)
+}
+
+/// Runs the scheduler on a fresh tokio runtime; SIGINT / SIGTERM abort the run.
+pub fn run_with_signals(
+    plan: Arc<Plan>,
+    exec: Arc<dyn Executor>,
+    sched: SchedOptions,
+    progress: Arc<dyn Progress>,
+) -> std::io::Result<RunResult> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let (tx, rx) = watch::channel(None::<Abort>);
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::spawn(async move {
+            let sig = tokio::select! {
+                _ = int.recv() => libc::SIGINT,
+                _ = term.recv() => libc::SIGTERM,
+            };
+            let _ = tx.send(Some(Abort::Signal(sig)));
+            // Keep the handlers installed (a second Ctrl-C must not kill us mid-cleanup).
+            loop {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+        });
+        Ok(scheduler::run_plan(plan, exec, sched, progress, rx).await)
+    })
+}
+
+/// Exit code of a finished run.
+pub fn exit_code(r: &RunResult) -> u8 {
+    match r.abort {
+        Some(Abort::Signal(s)) => 128u8.saturating_add(s as u8),
+        _ if r.success() => 0,
+        _ if r.environment_failure() => 3,
+        _ => 1,
+    }
+}
+
+/// Prints the summary (stderr), the output or JSON report (stdout), writes JUnit; returns
+/// the exit code.
+pub fn finish(plan: &Plan, r: &RunResult, opts: &ApplyOptions) -> u8 {
+    let mut code = exit_code(r);
+    eprint!("{}", report::summary_table(plan, r));
+    if let Some(Abort::Signal(s)) = r.abort {
+        eprintln!(
+            "voidbox: stopped by {}; every VM was killed",
+            crate::sandbox::error::signal_name(s)
+        );
+    }
+    if let Some(path) = &opts.junit {
+        if let Err(e) = std::fs::write(path, report::junit(plan, r)) {
+            eprintln!("error: writing {}: {e}", path.display());
+            if code == 0 {
+                code = 2;
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    match opts.output {
+        OutputFormat::Json => {
+            let doc = report::json_report(plan, r, code);
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&doc).unwrap_or_default()
+            );
+        }
+        OutputFormat::Human => {
+            if let Some(o) = &r.output {
+                let _ = out.write_all(o);
+            }
+        }
+    }
+    let _ = out.flush();
+    code
+}
+
+/// Parses `--input`: inline JSON or `@file` (whose contents are passed as they are).
+pub fn parse_input(arg: &str) -> Result<Vec<u8>, String> {
+    if let Some(path) = arg.strip_prefix('@') {
+        return std::fs::read(path).map_err(|e| format!("--input {arg}: {e}"));
+    }
+    serde_json::from_str::<serde_json::Value>(arg)
+        .map_err(|e| format!("--input is not valid JSON ({e}); use @FILE for a file"))?;
+    Ok(arg.as_bytes().to_vec())
+}
+
+#[cfg(test)]
+mod tests;

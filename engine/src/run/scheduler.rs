@@ -1,0 +1,530 @@
+//! The DAG scheduler: starts a node as soon as its inputs exist, within `max_parallel`
+//! running nodes and a memory budget; retries with backoff; fail-fast or continue; a
+//! pipeline deadline; external cancellation (signals). Attempts run on tokio's blocking
+//! pool through an [`Executor`]; results are stored per node, so they do not depend on the
+//! order in which nodes finish.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use petgraph::graph::NodeIndex;
+use petgraph::Direction;
+use tokio::sync::{mpsc, watch};
+
+use super::control::{NodeControl, StopReason};
+use super::data::{final_output, node_input, NodeInput};
+use super::progress::Progress;
+use crate::plan::{Plan, PlanNode};
+use crate::spec::model::OnFailure;
+
+/// One attempt of one node, as handed to an executor.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The node.
+    pub index: NodeIndex,
+    /// Its settings.
+    pub node: PlanNode,
+    /// Attempt number, 1-based (exported to the guest as `VOIDBOX_ATTEMPT`).
+    pub attempt: u32,
+    /// Its input.
+    pub input: NodeInput,
+    /// Output cap in bytes.
+    pub max_output: u64,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Finished with exit code 0 and an output within the cap.
+    Succeeded,
+    /// Failed (non-zero exit, VM failure, output over the cap, …).
+    Failed,
+    /// Its timeout expired.
+    TimedOut,
+    /// Stopped because the run was cancelled.
+    Cancelled,
+    /// Never started (an input failed, or the run stopped first).
+    Skipped,
+}
+
+impl Status {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::TimedOut => "timed_out",
+            Status::Cancelled => "cancelled",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+/// Token usage and tool calls of an agent attempt (from its stream-json).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct AgentStats {
+    /// Model named by the runtime.
+    pub model: Option<String>,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Cost in USD.
+    pub cost_usd: f64,
+    /// Turns.
+    pub num_turns: u64,
+    /// Tool names in call order (capped).
+    pub tool_calls: Vec<String>,
+    /// The final result text (capped).
+    pub result: Option<String>,
+}
+
+/// What one attempt produced.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// Outcome.
+    pub status: Status,
+    /// Output bytes (on success).
+    pub output: Vec<u8>,
+    /// Guest exit code.
+    pub exit_code: Option<i32>,
+    /// Guest signal.
+    pub signal: Option<i32>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Last bytes of stderr.
+    pub stderr_tail: String,
+    /// Guest console log kept for this attempt.
+    pub console_log: Option<std::path::PathBuf>,
+    /// VM start (boot) time.
+    pub boot: Option<Duration>,
+    /// Command run time.
+    pub exec: Option<Duration>,
+    /// Agent statistics.
+    pub agent: Option<AgentStats>,
+    /// An environment problem (no KVM, no image): the run exits 3.
+    pub environment: bool,
+}
+
+impl Attempt {
+    /// A successful attempt with `output`.
+    pub fn ok(output: Vec<u8>) -> Attempt {
+        Attempt {
+            status: Status::Succeeded,
+            output,
+            exit_code: Some(0),
+            signal: None,
+            error: None,
+            stderr_tail: String::new(),
+            console_log: None,
+            boot: None,
+            exec: None,
+            agent: None,
+            environment: false,
+        }
+    }
+
+    /// An attempt that ended with `status` and an error text.
+    pub fn failed(status: Status, error: impl Into<String>) -> Attempt {
+        Attempt {
+            status,
+            error: Some(error.into()),
+            exit_code: None,
+            ..Attempt::ok(Vec::new())
+        }
+    }
+}
+
+/// Runs attempts. Called on a blocking thread; must return promptly once `ctl` is stopped.
+pub trait Executor: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn run(&self, job: &Job, ctl: &NodeControl) -> Attempt;
+    /// Kills whatever is still starting (called on fail-fast, timeout and signals).
+    fn abort_all(&self) {}
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct SchedOptions {
+    /// Most nodes running at once.
+    pub max_parallel: usize,
+    /// Memory budget in MiB for the running VMs.
+    pub memory_budget_mb: u64,
+    /// Per-VM overhead (VMM, page tables) added to `memory_mb` in the budget.
+    pub vm_overhead_mb: u64,
+    /// Output cap per node.
+    pub max_output: u64,
+    /// First retry delay (doubled each retry, capped at 30 s, ±25 % jitter).
+    pub retry_base: Duration,
+    /// The run's input (`--input`).
+    pub run_input: Option<Vec<u8>>,
+}
+
+/// Why the whole run stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// A node failed under fail-fast.
+    FailFast,
+    /// The pipeline's `timeout_secs` passed.
+    Timeout,
+    /// A signal (its number).
+    Signal(i32),
+}
+
+/// Progress events for reporters.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// An attempt started.
+    Started {
+        /// Node.
+        node: NodeIndex,
+        /// Attempt number.
+        attempt: u32,
+    },
+    /// An attempt failed and will be retried after `delay`.
+    Retrying {
+        /// Node.
+        node: NodeIndex,
+        /// The failed attempt.
+        attempt: u32,
+        /// Backoff.
+        delay: Duration,
+        /// Why it failed.
+        error: String,
+    },
+    /// A node reached its final status.
+    Finished {
+        /// Node.
+        node: NodeIndex,
+    },
+}
+
+/// The final record of one node.
+#[derive(Debug, Clone)]
+pub struct NodeRecord {
+    /// Status of the last attempt (or `Skipped`).
+    pub status: Status,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Start of the first attempt, relative to the run's start.
+    pub started: Option<Duration>,
+    /// First start to last end.
+    pub duration: Option<Duration>,
+    /// The last attempt.
+    pub last: Option<Attempt>,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Per node, in node-index (declaration) order.
+    pub nodes: Vec<NodeRecord>,
+    /// The final output when the run succeeded.
+    pub output: Option<Vec<u8>>,
+    /// Why the run stopped early.
+    pub abort: Option<Abort>,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+impl RunResult {
+    /// `true` when every node succeeded.
+    pub fn success(&self) -> bool {
+        self.abort.is_none() && self.nodes.iter().all(|n| n.status == Status::Succeeded)
+    }
+
+    /// `true` when a node failed because of the host environment.
+    pub fn environment_failure(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.last.as_ref().is_some_and(|a| a.environment))
+    }
+}
+
+/// Backoff before retry `n` (1-based): `base · 2^(n-1)`, capped at 30 s, scaled by
+/// `jitter` in `[0, 1)` to 75–125 %.
+pub fn backoff(base: Duration, n: u32, jitter: f64) -> Duration {
+    let exp = base.saturating_mul(1u32 << n.saturating_sub(1).min(16));
+    let capped = exp.min(Duration::from_secs(30));
+    capped.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// A cheap jitter source in `[0, 1)` (no RNG dependency; quality does not matter).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Pending,
+    Running,
+    Done,
+}
+
+struct Done {
+    node: NodeIndex,
+    record: NodeRecord,
+}
+
+/// Runs `plan` to completion. `cancel` delivers an external abort (a signal).
+pub async fn run_plan(
+    plan: Arc<Plan>,
+    exec: Arc<dyn Executor>,
+    opts: SchedOptions,
+    progress: Arc<dyn Progress>,
+    mut cancel: watch::Receiver<Option<Abort>>,
+) -> RunResult {
+    let t0 = Instant::now();
+    let n = plan.graph.node_count();
+    let mut state = vec![State::Pending; n];
+    let mut records: Vec<Option<NodeRecord>> = vec![None; n];
+    let mut outputs: Vec<Option<Vec<u8>>> = vec![None; n];
+    let controls: Arc<Mutex<Vec<Option<NodeControl>>>> = Arc::new(Mutex::new(vec![None; n]));
+    let (abort_tx, abort_rx) = watch::channel(None::<Abort>);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut running = 0usize;
+    let mut mem_used = 0u64;
+    let mut abort: Option<Abort> = None;
+    let pipeline_deadline = plan.timeout_secs.map(|s| t0 + Duration::from_secs(s));
+    let mem_of = |p: &PlanNode| p.sandbox.memory_mb + opts.vm_overhead_mb;
+
+    let stop_all = |controls: &Arc<Mutex<Vec<Option<NodeControl>>>>| {
+        for c in controls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+        {
+            c.stop(StopReason::Cancelled);
+        }
+        exec.abort_all();
+    };
+
+    loop {
+        // Start (or skip) every pending node whose inputs are settled.
+        for idx in plan.graph.node_indices() {
+            let i = idx.index();
+            if state[i] != State::Pending {
+                continue;
+            }
+            let preds: Vec<NodeIndex> = plan
+                .graph
+                .neighbors_directed(idx, Direction::Incoming)
+                .collect();
+            if preds.iter().any(|p| state[p.index()] != State::Done) {
+                continue;
+            }
+            let inputs_ok = preds
+                .iter()
+                .all(|p| records[p.index()].as_ref().map(|r| r.status) == Some(Status::Succeeded));
+            if abort.is_some() || !inputs_ok {
+                state[i] = State::Done;
+                records[i] = Some(NodeRecord {
+                    status: Status::Skipped,
+                    attempts: 0,
+                    started: None,
+                    duration: None,
+                    last: None,
+                });
+                progress.event(&plan, &Event::Finished { node: idx }, records[i].as_ref());
+                continue;
+            }
+            let need = mem_of(&plan.graph[idx]);
+            if running >= opts.max_parallel
+                || (running > 0 && mem_used + need > opts.memory_budget_mb)
+            {
+                continue;
+            }
+            let Some(input) = node_input(&plan, idx, opts.run_input.as_deref(), &outputs) else {
+                continue;
+            };
+            state[i] = State::Running;
+            running += 1;
+            mem_used += need;
+            tokio::spawn(node_task(NodeTask {
+                plan: plan.clone(),
+                idx,
+                input,
+                exec: exec.clone(),
+                controls: controls.clone(),
+                abort: abort_rx.clone(),
+                done: done_tx.clone(),
+                progress: progress.clone(),
+                max_output: opts.max_output,
+                retry_base: opts.retry_base,
+                t0,
+            }));
+        }
+        if running == 0 {
+            break;
+        }
+        let sleep_until = pipeline_deadline.map(tokio::time::Instant::from_std);
+        tokio::select! {
+            Some(d) = done_rx.recv() => {
+                let i = d.node.index();
+                state[i] = State::Done;
+                running -= 1;
+                mem_used = mem_used.saturating_sub(mem_of(&plan.graph[d.node]));
+                if d.record.status == Status::Succeeded {
+                    outputs[i] = d.record.last.as_ref().map(|a| a.output.clone());
+                } else if abort.is_none()
+                    && plan.on_failure == OnFailure::FailFast
+                    && d.record.status != Status::Cancelled
+                {
+                    abort = Some(Abort::FailFast);
+                    let _ = abort_tx.send(abort);
+                    stop_all(&controls);
+                }
+                progress.event(&plan, &Event::Finished { node: d.node }, Some(&d.record));
+                records[i] = Some(d.record);
+            }
+            _ = async {
+                match sleep_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            }, if abort.is_none() => {
+                abort = Some(Abort::Timeout);
+                let _ = abort_tx.send(abort);
+                stop_all(&controls);
+            }
+            Ok(()) = cancel.changed(), if abort.is_none() => {
+                let a = *cancel.borrow();
+                if let Some(a) = a {
+                    abort = Some(a);
+                    let _ = abort_tx.send(abort);
+                    stop_all(&controls);
+                }
+            }
+        }
+    }
+    let nodes: Vec<NodeRecord> = records
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(NodeRecord {
+                status: Status::Skipped,
+                attempts: 0,
+                started: None,
+                duration: None,
+                last: None,
+            })
+        })
+        .collect();
+    let output = if abort.is_none() && nodes.iter().all(|r| r.status == Status::Succeeded) {
+        final_output(&plan, &outputs)
+    } else {
+        None
+    };
+    RunResult {
+        nodes,
+        output,
+        abort,
+        duration: t0.elapsed(),
+    }
+}
+
+struct NodeTask {
+    plan: Arc<Plan>,
+    idx: NodeIndex,
+    input: NodeInput,
+    exec: Arc<dyn Executor>,
+    controls: Arc<Mutex<Vec<Option<NodeControl>>>>,
+    abort: watch::Receiver<Option<Abort>>,
+    done: mpsc::UnboundedSender<Done>,
+    progress: Arc<dyn Progress>,
+    max_output: u64,
+    retry_base: Duration,
+    t0: Instant,
+}
+
+async fn node_task(mut t: NodeTask) {
+    let node = t.plan.graph[t.idx].clone();
+    let started = Instant::now();
+    let mut attempt = 0u32;
+    let last = loop {
+        attempt += 1;
+        let ctl = NodeControl::new();
+        t.controls.lock().unwrap_or_else(|e| e.into_inner())[t.idx.index()] = Some(ctl.clone());
+        if t.abort.borrow().is_some() {
+            ctl.stop(StopReason::Cancelled);
+        }
+        t.progress.event(
+            &t.plan,
+            &Event::Started {
+                node: t.idx,
+                attempt,
+            },
+            None,
+        );
+        let job = Job {
+            index: t.idx,
+            node: node.clone(),
+            attempt,
+            input: t.input.clone(),
+            max_output: t.max_output,
+        };
+        let exec = t.exec.clone();
+        let c2 = ctl.clone();
+        let mut a = tokio::task::spawn_blocking(move || {
+            let a = exec.run(&job, &c2);
+            c2.finish();
+            a
+        })
+        .await
+        .unwrap_or_else(|e| Attempt::failed(Status::Failed, format!("executor panicked: {e}")));
+        t.controls.lock().unwrap_or_else(|e| e.into_inner())[t.idx.index()] = None;
+        // A stop from outside overrides whatever the killed attempt reported.
+        match ctl.stopped() {
+            Some(StopReason::Cancelled) if a.status != Status::Succeeded => {
+                a.status = Status::Cancelled;
+                a.error.get_or_insert_with(|| "cancelled".into());
+            }
+            Some(StopReason::TimedOut) if a.status != Status::Succeeded => {
+                a.status = Status::TimedOut;
+                a.error = Some(format!(
+                    "timed out after {}s (host deadline; the VM was killed)",
+                    node.timeout_secs.unwrap_or(0)
+                ));
+            }
+            _ => {}
+        }
+        let retryable = matches!(a.status, Status::Failed | Status::TimedOut) && !a.environment;
+        if !retryable || attempt > node.retries || t.abort.borrow().is_some() {
+            break a;
+        }
+        let delay = backoff(t.retry_base, attempt, jitter());
+        t.progress.event(
+            &t.plan,
+            &Event::Retrying {
+                node: t.idx,
+                attempt,
+                delay,
+                error: a.error.clone().unwrap_or_default(),
+            },
+            None,
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = t.abort.wait_for(|a| a.is_some()) => {
+                let mut a = a;
+                a.status = Status::Cancelled;
+                break a;
+            }
+        }
+    };
+    let record = NodeRecord {
+        status: last.status,
+        attempts: attempt,
+        started: Some(started.saturating_duration_since(t.t0)),
+        duration: Some(started.elapsed()),
+        last: Some(last),
+    };
+    let _ = t.done.send(Done {
+        node: t.idx,
+        record,
+    });
+}

@@ -1,0 +1,334 @@
+//! The real executor: every attempt boots a fresh VM, copies the input (and skills) in,
+//! runs the command or agent runtime, collects the output and kills the VM.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
+
+use super::agent::{runtime_request, skill_files, StreamParser, DEFAULT_OUTPUT_FILE};
+use super::control::{kill_vmm_children, NodeControl, StopReason};
+use super::data::{over_cap, CappedBuf, Tail};
+use super::scheduler::{Attempt, Executor, Job, Status};
+use crate::plan::Action;
+use crate::sandbox::{GuestImage, Sandbox, SandboxConfig, SandboxError, VmmLauncher};
+
+/// Guest path of a node's input.
+pub const INPUT_FILE: &str = "/workspace/input.json";
+/// Stderr bytes kept for reports.
+const STDERR_TAIL: usize = 8 * 1024;
+/// Grace after a node's `timeout_secs` before the host kills the VM.
+const HOST_DEADLINE_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs attempts in fresh micro-VMs.
+pub struct VmExecutor {
+    /// Kernel + initramfs.
+    pub image: GuestImage,
+    /// How VMMs are started.
+    pub launcher: VmmLauncher,
+    /// Boot deadline per VM.
+    pub boot_timeout: Duration,
+    /// Directory receiving `<node>.<attempt>.console.log`.
+    pub logs_dir: PathBuf,
+    /// Parent of the per-VM temp dirs.
+    pub runtime_dir: Option<PathBuf>,
+    /// Resolves `file:` skills.
+    pub spec_dir: PathBuf,
+    /// On abort, kill every VMM child of this process (the CLI owns all of them).
+    pub kill_children_on_abort: bool,
+}
+
+impl Executor for VmExecutor {
+    fn run(&self, job: &Job, ctl: &NodeControl) -> Attempt {
+        let console = self
+            .logs_dir
+            .join(format!("{}.{}.console.log", job.node.name, job.attempt));
+        let mut a = self.attempt(job, ctl, &console);
+        if console.exists() {
+            a.console_log = Some(console);
+        }
+        a
+    }
+
+    fn abort_all(&self) {
+        if self.kill_children_on_abort {
+            kill_vmm_children();
+        }
+    }
+}
+
+fn sandbox_failure(e: SandboxError) -> Attempt {
+    let env = matches!(e, SandboxError::Environment(_));
+    let mut a = Attempt::failed(Status::Failed, e.to_string());
+    a.environment = env;
+    a
+}
+
+impl VmExecutor {
+    fn config(&self, job: &Job, console: &Path) -> SandboxConfig {
+        let mut cfg = SandboxConfig::new(self.image.clone());
+        cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
+        cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
+        cfg.launcher = self.launcher.clone();
+        cfg.boot_timeout = self.boot_timeout;
+        cfg.keep_console = Some(console.to_path_buf());
+        cfg.runtime_dir = self.runtime_dir.clone();
+        // Backstop enforced by the VMM itself, should the host deadline thread fail.
+        cfg.wall_limit = job
+            .node
+            .timeout_secs
+            .map(|t| self.boot_timeout + Duration::from_secs(t) + Duration::from_secs(60));
+        cfg
+    }
+
+    fn attempt(&self, job: &Job, ctl: &NodeControl, console: &Path) -> Attempt {
+        if ctl.stopped().is_some() {
+            return Attempt::failed(Status::Cancelled, "cancelled before start");
+        }
+        // Everything that can fail on the host is checked before a VM boots.
+        let (req, skills, output_file, agent) = match self.request(job) {
+            Ok(x) => x,
+            Err(e) => return Attempt::failed(Status::Failed, e),
+        };
+        let boot_t0 = Instant::now();
+        let mut sb = match Sandbox::start(&self.config(job, console)) {
+            Ok(sb) => sb,
+            Err(e) => return sandbox_failure(e),
+        };
+        let boot = boot_t0.elapsed();
+        if !ctl.register_pid(sb.vmm_pid()) {
+            drop(sb);
+            return Attempt::failed(Status::Cancelled, "cancelled");
+        }
+        let mut a = self.in_vm(&mut sb, job, ctl, req, skills, &output_file, agent);
+        ctl.clear_pid();
+        drop(sb);
+        a.boot = Some(boot);
+        a
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn request(
+        &self,
+        job: &Job,
+    ) -> Result<
+        (
+            ExecRequest,
+            Vec<super::agent::GuestFile>,
+            Option<String>,
+            bool,
+        ),
+        String,
+    > {
+        let mut env: Vec<(String, String)> = Vec::new();
+        for (k, v) in &job.node.sandbox.env {
+            let v = if v.is_empty() {
+                std::env::var(k).unwrap_or_default()
+            } else {
+                v.clone()
+            };
+            env.push((k.clone(), v));
+        }
+        env.push(("VOIDBOX_NODE".into(), job.node.name.clone()));
+        env.push(("VOIDBOX_ATTEMPT".into(), job.attempt.to_string()));
+        match &job.node.action {
+            Action::Command(c) => {
+                env.extend(c.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                Ok((
+                    ExecRequest {
+                        program: c.program.clone(),
+                        args: c.args.clone(),
+                        env,
+                        workdir: c.workdir.clone(),
+                        stdin: job.input.stdin.clone().unwrap_or_default(),
+                        timeout_secs: job.node.timeout_secs,
+                        ..ExecRequest::default()
+                    },
+                    Vec::new(),
+                    Some(DEFAULT_OUTPUT_FILE.to_string()),
+                    false,
+                ))
+            }
+            Action::Agent(ag) => {
+                let skills = skill_files(&self.spec_dir, &ag.skills)?;
+                let out = ag
+                    .output_file
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
+                let mut req = runtime_request(ag, &out, job.node.timeout_secs);
+                req.env.extend(env);
+                Ok((req, skills, Some(out), true))
+            }
+            Action::Shell => {
+                Err("an interactive sandbox has nothing to run; use `voidbox shell`".into())
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn in_vm(
+        &self,
+        sb: &mut Sandbox,
+        job: &Job,
+        ctl: &NodeControl,
+        req: ExecRequest,
+        skills: Vec<super::agent::GuestFile>,
+        output_file: &Option<String>,
+        agent: bool,
+    ) -> Attempt {
+        if let Some(input) = &job.input.file {
+            if let Err(e) = sb.write_file(INPUT_FILE, input, Some(0o644)) {
+                return stopped_or(ctl, sandbox_failure(e));
+            }
+        }
+        for f in &skills {
+            if let Err(e) = sb.write_file(&f.path, &f.data, Some(0o644)) {
+                return stopped_or(ctl, sandbox_failure(e));
+            }
+        }
+        let mut stdout = CappedBuf::new(job.max_output);
+        let mut stderr = Tail::new(STDERR_TAIL);
+        let mut stream = agent.then(StreamParser::default);
+        if let Some(t) = job.node.timeout_secs {
+            ctl.arm_deadline(Duration::from_secs(t) + HOST_DEADLINE_GRACE);
+        }
+        let t0 = Instant::now();
+        let res = sb.exec(req, &mut |s, data| match s {
+            OutputStream::Stdout => {
+                stdout.push(data);
+                if let Some(p) = stream.as_mut() {
+                    p.push(data);
+                }
+            }
+            OutputStream::Stderr => stderr.push(data),
+        });
+        let exec = t0.elapsed();
+        let mut a = match res {
+            Ok(r) => self.collect(sb, job, &r, stdout, stream, output_file),
+            Err(e) => sandbox_failure(e),
+        };
+        a.exec = Some(exec);
+        a.stderr_tail = stderr.text();
+        stopped_or(ctl, a)
+    }
+
+    fn collect(
+        &self,
+        sb: &mut Sandbox,
+        job: &Job,
+        r: &ExecResponse,
+        stdout: CappedBuf,
+        stream: Option<StreamParser>,
+        output_file: &Option<String>,
+    ) -> Attempt {
+        let summary = stream.map(StreamParser::finish);
+        let mut a = if r.timed_out {
+            Attempt::failed(
+                Status::TimedOut,
+                format!(
+                    "timed out after {}s (the guest killed the command)",
+                    job.node.timeout_secs.unwrap_or(0)
+                ),
+            )
+        } else if let Some(e) = &r.error {
+            Attempt::failed(
+                Status::Failed,
+                format!("cannot run {}: {e}", program_of(job)),
+            )
+        } else if !r.success() {
+            let how = match (r.exit_code, r.signal) {
+                (_, Some(s)) => format!("killed by signal {s}"),
+                (Some(c), _) => format!("exit code {c}"),
+                _ => "unknown status".into(),
+            };
+            Attempt::failed(Status::Failed, format!("{} failed: {how}", program_of(job)))
+        } else if r.output_truncated {
+            Attempt::failed(
+                Status::Failed,
+                "the guest dropped output beyond its policy limit",
+            )
+        } else if let Some(s) = summary.as_ref().filter(|s| !s.result_seen || s.is_error) {
+            let why = if s.result_seen {
+                "reported an error"
+            } else {
+                "ended without a result"
+            };
+            Attempt::failed(Status::Failed, format!("the agent runtime {why}"))
+        } else {
+            match self.output(
+                sb,
+                job,
+                stdout,
+                summary.as_ref().and_then(|s| s.stats.result.clone()),
+                output_file,
+            ) {
+                Ok(o) => Attempt::ok(o),
+                Err(e) => Attempt::failed(Status::Failed, e),
+            }
+        };
+        a.exit_code = r.exit_code;
+        a.signal = r.signal;
+        a.agent = summary.map(|s| s.stats);
+        a
+    }
+
+    /// `output_file` if the node wrote it, else stdout (agents: the result text).
+    fn output(
+        &self,
+        sb: &mut Sandbox,
+        job: &Job,
+        stdout: CappedBuf,
+        result: Option<String>,
+        output_file: &Option<String>,
+    ) -> Result<Vec<u8>, String> {
+        if let Some(path) = output_file {
+            match sb.read_file(path, job.max_output.saturating_add(1)) {
+                Ok(data) if data.len() as u64 > job.max_output => {
+                    return Err(over_cap(path, data.len() as u64, job.max_output))
+                }
+                Ok(data) => return Ok(data),
+                Err(SandboxError::Guest {
+                    code: ErrorCode::NotFound,
+                    ..
+                }) => {}
+                Err(SandboxError::Guest {
+                    code: ErrorCode::TooLarge,
+                    ..
+                }) => {
+                    return Err(over_cap(
+                        path,
+                        job.max_output.saturating_add(1),
+                        job.max_output,
+                    ))
+                }
+                Err(e) => return Err(format!("reading {path}: {e}")),
+            }
+        }
+        match result {
+            Some(r) => Ok(r.into_bytes()),
+            None => stdout.into_result("stdout"),
+        }
+    }
+}
+
+fn program_of(job: &Job) -> String {
+    match &job.node.action {
+        Action::Command(c) => c.program.clone(),
+        _ => "the agent runtime".into(),
+    }
+}
+
+/// An attempt stopped from outside reports that, not the VM death it caused.
+fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
+    match ctl.stopped() {
+        Some(StopReason::Cancelled) => Attempt {
+            status: Status::Cancelled,
+            ..a
+        },
+        Some(StopReason::TimedOut) => Attempt {
+            status: Status::TimedOut,
+            ..a
+        },
+        None => a,
+    }
+}

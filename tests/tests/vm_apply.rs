@@ -1,0 +1,420 @@
+//! `voidbox apply` end to end on real micro-VMs: one fresh VM per node (each boot takes
+//! ~10–25 s on an interpreting KVM host, more under load), so the specs are small and
+//! several behaviours share one run. See `voidbox_tests::vm` for skipping without KVM.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use voidbox_tests::repo_root;
+use voidbox_tests::vm::guest_image;
+
+const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+/// Generous: several VMs boot at once on a loaded, interpreting 2-core host.
+const BOOT_TIMEOUT: &str = "400";
+
+/// A tag in the environment of `apply` and everything it starts, to find leftovers.
+fn tag() -> String {
+    format!(
+        "VOIDBOX_TEST_TAG=apply-{}-{:?}",
+        std::process::id(),
+        Instant::now()
+    )
+}
+
+/// Pids of live (non-zombie) processes whose environment carries `tag`.
+fn tagged(tag: &str) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rfind(')')
+                        .and_then(|i| s.get(i + 2..i + 3))
+                        .map(|c| c == "Z")
+                })
+                .unwrap_or(true);
+            !zombie && env.split(|b| *b == 0).any(|kv| kv == tag.as_bytes())
+        })
+        .collect()
+}
+
+fn assert_no_leftovers(tag: &str) {
+    // The VMMs are killed before `apply` exits; allow the kernel a moment to reap.
+    let t0 = Instant::now();
+    while !tagged(tag).is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(tagged(tag), Vec::<u32>::new(), "processes left behind");
+}
+
+struct Apply {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+fn apply(dir: &Path, tag: &str, args: &[&str]) -> Apply {
+    let (k, v) = tag.split_once('=').unwrap();
+    let t0 = Instant::now();
+    let out = Command::new(VOIDBOX)
+        .arg("apply")
+        .args(args)
+        .arg("--logs-dir")
+        .arg(dir.join("logs"))
+        .args(["--boot-timeout", BOOT_TIMEOUT])
+        .env("NO_COLOR", "1")
+        .env("TMPDIR", dir)
+        .env(k, v)
+        .output()
+        .unwrap();
+    Apply {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: t0.elapsed(),
+    }
+}
+
+fn write_spec(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+/// Only the logs dir may remain in the TMPDIR given to `apply` (no VM dirs, sockets).
+fn assert_tmp_clean(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("voidbox-"))
+        .collect();
+    assert!(left.is_empty(), "temp dirs left behind: {left:?}");
+}
+
+#[test]
+fn fan_out_example_merges_in_order_and_reports_validate() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let junit = dir.path().join("junit.xml");
+    let spec = repo_root().join("examples/fan-out.yaml");
+    let r = apply(
+        dir.path(),
+        &tag,
+        &[
+            spec.to_str().unwrap(),
+            "--max-parallel",
+            "3",
+            "--output",
+            "json",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, Some(0), "stderr:\n{}", r.stderr);
+    let doc: Value = serde_json::from_str(&r.stdout).expect("stdout is the JSON report");
+    assert_eq!(
+        doc["output"],
+        json!([9, "THE QUICK BROWN FOX\nJUMPS OVER THE LAZY DOG", 2])
+    );
+    assert_eq!(
+        (doc["version"].clone(), doc["status"].clone()),
+        (json!(1), json!("succeeded"))
+    );
+    let nodes = doc["nodes"].as_array().unwrap();
+    let names: Vec<&str> = nodes.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["seed", "words", "upper", "lines", "collect"]);
+    for n in nodes {
+        assert_eq!(n["status"], "succeeded", "{n}");
+        assert_eq!(n["attempts"], 1);
+        assert_eq!(n["exit_code"], 0);
+        assert!(
+            n["boot_ms"].as_u64().unwrap() > 0 && n["exec_ms"].is_u64(),
+            "{n}"
+        );
+        assert!(n["output_bytes"].as_u64().unwrap() > 0, "{n}");
+        let log = n["console_log"].as_str().expect("console log kept");
+        assert!(Path::new(log).is_file(), "{log}");
+    }
+    // The three branches ran concurrently.
+    let start = |i: usize| nodes[i]["started_ms"].as_u64().unwrap();
+    let end = |i: usize| start(i) + nodes[i]["duration_ms"].as_u64().unwrap();
+    assert!(
+        start(2) < end(1) && start(3) < end(1),
+        "branches did not overlap: {doc}"
+    );
+    let x = std::fs::read_to_string(&junit).unwrap();
+    assert!(x.starts_with("<?xml"), "{x}");
+    assert!(
+        x.contains("tests=\"5\" failures=\"0\" errors=\"0\" skipped=\"0\""),
+        "{x}"
+    );
+    assert_eq!(x.matches("<testcase ").count(), 5, "{x}");
+    assert!(
+        r.stderr.contains("NODE") && r.stderr.contains("text-stats: succeeded"),
+        "{}",
+        r.stderr
+    );
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}
+
+#[test]
+fn fail_fast_cancels_a_sleeping_sibling_and_kills_its_vm() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let spec = write_spec(
+        dir.path(),
+        "ff.yaml",
+        r#"api_version: v1
+kind: pipeline
+name: ff
+sandbox: {memory_mb: 128}
+pipeline:
+  boxes:
+    - name: sleeper
+      run: {program: sleep, args: ["600"]}
+    - name: bad
+      run: {program: sh, args: [-c, "echo broken >&2; exit 3"]}
+    - name: after
+      run: {program: "true"}
+  stages:
+    - {type: fan_out, boxes: [sleeper, bad]}
+    - {type: box, name: after}
+"#,
+    );
+    let junit = dir.path().join("junit.xml");
+    let r = apply(
+        dir.path(),
+        &tag,
+        &[
+            spec.to_str().unwrap(),
+            "--max-parallel",
+            "2",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, Some(1), "stderr:\n{}", r.stderr);
+    assert!(r.stdout.is_empty(), "no output on failure: {}", r.stdout);
+    assert!(r.took < Duration::from_secs(300), "took {:?}", r.took);
+    for want in [
+        "sleeper  cancelled",
+        "bad      failed",
+        "after    skipped",
+        "exit code 3",
+    ] {
+        assert!(
+            r.stderr.contains(want),
+            "missing `{want}` in:\n{}",
+            r.stderr
+        );
+    }
+    let x = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        x.contains("<failure message=\"sh failed: exit code 3\""),
+        "{x}"
+    );
+    assert!(
+        x.contains("<system-err>broken\n</system-err>"),
+        "stderr tail in JUnit: {x}"
+    );
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}
+
+#[test]
+fn continue_retry_and_node_timeout() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let spec = write_spec(
+        dir.path(),
+        "wf.yaml",
+        r#"api_version: v1
+kind: workflow
+name: wf
+on_failure: continue
+sandbox: {memory_mb: 128}
+workflow:
+  steps:
+    - name: flaky
+      run: {program: sh, args: [-c, "test \"$VOIDBOX_ATTEMPT\" -ge 2 || exit 1; echo '{\"attempt\": 2}'"]}
+      retries: 2
+    - name: slow
+      run: {program: sleep, args: ["600"]}
+      timeout_secs: 3
+    - name: after_slow
+      run: {program: "true"}
+      depends_on: [slow]
+"#,
+    );
+    let r = apply(
+        dir.path(),
+        &tag,
+        &[
+            spec.to_str().unwrap(),
+            "--max-parallel",
+            "2",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(r.code, Some(1), "stderr:\n{}", r.stderr);
+    let doc: Value = serde_json::from_str(&r.stdout).expect("JSON report");
+    let node = |name: &str| {
+        doc["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let flaky = node("flaky");
+    assert_eq!(
+        (flaky["status"].as_str(), flaky["attempts"].as_u64()),
+        (Some("succeeded"), Some(2)),
+        "{doc}"
+    );
+    let slow = node("slow");
+    assert_eq!(slow["status"], "timed_out", "{doc}");
+    assert!(slow["exec_ms"].as_u64().unwrap() < 30_000, "{slow}");
+    assert_eq!(node("after_slow")["status"], "skipped");
+    assert_eq!(doc["status"], "failed");
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}
+
+#[test]
+fn sigint_stops_every_vm_and_leaves_nothing_behind() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let (k, v) = tag.split_once('=').unwrap();
+    let spec = write_spec(
+        dir.path(),
+        "int.yaml",
+        r#"api_version: v1
+kind: pipeline
+name: int
+sandbox: {memory_mb: 128}
+pipeline:
+  boxes:
+    - name: a
+      run: {program: sleep, args: ["600"]}
+    - name: b
+      run: {program: sleep, args: ["600"]}
+  stages:
+    - {type: fan_out, boxes: [a, b]}
+"#,
+    );
+    let mut child = Command::new(VOIDBOX)
+        .args([
+            "apply",
+            spec.to_str().unwrap(),
+            "--max-parallel",
+            "2",
+            "--logs-dir",
+        ])
+        .arg(dir.path().join("logs"))
+        .args(["--boot-timeout", BOOT_TIMEOUT])
+        .env("NO_COLOR", "1")
+        .env("TMPDIR", dir.path())
+        .env(k, v)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("b: started") {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+    }
+    // Let the VMMs come up (booting or running, both must die).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(tagged(&tag).len() >= 3, "apply + 2 VMMs expected");
+    let t0 = Instant::now();
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "slow to stop: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "stderr:\n{seen}{rest}");
+    assert!(rest.contains("stopped by SIGINT"), "{rest}");
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}
+
+/// An agent box with `llm.provider: mock` runs the mock runtime shipped in the guest image.
+#[test]
+fn mock_agent_reports_tokens_and_tool_calls() {
+    let Some(image) = guest_image() else { return };
+    let cpio = std::fs::read(&image.initramfs).unwrap_or_default();
+    let needle = b"opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
+    assert!(
+        cpio.windows(needle.len()).any(|w| w == needle),
+        "the guest image {} has no mock LLM runtime; rebuild it with `voidbox image build`",
+        image.initramfs.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let spec = repo_root().join("examples/agent-skill.yaml");
+    let r = apply(
+        dir.path(),
+        &tag,
+        &[
+            spec.to_str().unwrap(),
+            "--output",
+            "json",
+            "--input",
+            "{\"text\": \"hello\"}",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "stderr:\n{}", r.stderr);
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap();
+    let agent = &doc["nodes"][0]["agent"];
+    assert!(agent["input_tokens"].as_u64().unwrap() > 0, "{doc}");
+    assert!(agent["output_tokens"].as_u64().unwrap() > 0, "{doc}");
+    assert!(agent["cost_usd"].as_f64().unwrap() > 0.0, "{doc}");
+    let tools: Vec<&str> = agent["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(tools, ["Skill", "Read", "Write"], "{doc}");
+    assert_eq!(doc["output"]["skills"], json!(["summarize"]), "{doc}");
+    assert_no_leftovers(&tag);
+}
