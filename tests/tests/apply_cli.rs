@@ -74,3 +74,21 @@ fn an_interactive_sandbox_has_nothing_to_apply() {
     assert_eq!(r.code, Some(2), "{}", r.stderr);
     assert!(r.stderr.contains("interactive sandbox"), "{}", r.stderr);
 }
+
+#[test]
+fn sandbox_features_that_cannot_work_are_refused_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write(
+        dir.path(),
+        "net.yaml",
+        "api_version: v1\nkind: sandbox\nname: net\nsandbox: {network: true}\nrun: {program: echo}\n",
+    );
+    let r = run(&["apply", &spec]);
+    assert_eq!(r.code, Some(3), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("asks for `network: true`"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.is_empty());
+}

@@ -16,6 +16,7 @@ pub mod data;
 pub mod progress;
 pub mod report;
 pub mod scheduler;
+pub mod support;
 pub mod vm;
 
 use std::io::{IsTerminal, Write};
@@ -126,12 +127,12 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         .find(|n| matches!(n.action, crate::plan::Action::Shell))
     {
         eprintln!(
-            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:`, or use `voidbox shell`",
+            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:` (an interactive `voidbox shell` is not available yet)",
             n.name
         );
         return 2;
     }
-    if let Err(e) = agent::check_providers(&plan) {
+    if let Err(e) = agent::check_providers(&plan).and_then(|()| support::check_supported(&plan)) {
         eprintln!("error: {e}");
         return 3;
     }

@@ -159,9 +159,7 @@ impl VmExecutor {
                 req.env.extend(env);
                 Ok((req, skills, Some(out), true))
             }
-            Action::Shell => {
-                Err("an interactive sandbox has nothing to run; use `voidbox shell`".into())
-            }
+            Action::Shell => Err("an interactive sandbox (no `run:`) has nothing to run".into()),
         }
     }
 
