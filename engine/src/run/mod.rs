@@ -42,7 +42,7 @@ pub const VM_OVERHEAD_MB: u64 = 32;
 pub enum OutputFormat {
     /// The pipeline's final output (the summary goes to stderr).
     Human,
-    /// The JSON report (see [`report`]).
+    /// The JSON report (version 1, documented in the README).
     Json,
 }
 
