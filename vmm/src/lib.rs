@@ -18,6 +18,7 @@ pub mod memory;
 pub mod probe;
 pub mod process;
 pub mod seccomp;
+pub mod snapshot;
 pub mod status;
 pub mod vcpu;
 pub mod vm;

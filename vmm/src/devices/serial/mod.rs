@@ -13,6 +13,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::bus::BusDevice;
 use crate::exit::VmEvent;
 
+pub mod persist;
+
 /// COM1 port base.
 pub const SERIAL_PORT_BASE: u64 = 0x3f8;
 /// COM1 register window.

@@ -12,6 +12,8 @@ use super::{status, Interrupt, VirtioDevice, INT_CONFIG, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
 use crate::memory::GuestMem;
 
+pub mod persist;
+
 /// "virt".
 pub const MMIO_MAGIC_VALUE: u32 = 0x7472_6976;
 /// Transport version 2 (non-legacy).

@@ -1,6 +1,7 @@
 //! virtio 1.x: the device trait, interrupt line, descriptor-chain helpers and the MMIO transport.
 
 pub mod mmio;
+pub mod persist;
 pub mod queue;
 
 use std::io;

@@ -12,6 +12,8 @@ use std::num::Wrapping;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+pub mod persist;
+
 use super::packet::{
     Op, VsockHeader, HOST_CID, MAX_PKT_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM,
 };

@@ -9,6 +9,7 @@
 pub mod connection;
 pub mod muxer;
 pub mod packet;
+pub mod persist;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::unix::io::{AsRawFd, RawFd};

@@ -876,3 +876,5 @@ fn muxer_hybrid_handshake_end_to_end() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     t.join().unwrap();
 }
+
+mod persist_tests;

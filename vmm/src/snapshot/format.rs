@@ -1,0 +1,710 @@
+//! On-disk snapshot container.
+//!
+//! A snapshot is two files in one directory:
+//!
+//! * [`STATE_FILE`]: `MAGIC (8) | format version (u32 LE) | header length (u32 LE) |
+//!   header (JSON) | SHA-256 of everything before it (32) | state blob`. The header records
+//!   what the snapshot was taken of (memory size, vCPU count, device set, guest image hash),
+//!   the length and SHA-256 of the state blob, and the length and SHA-256 of the memory file.
+//! * [`MEMORY_FILE`]: guest-physical memory from address 0, written sparsely (zero pages are
+//!   holes), to be mapped `MAP_PRIVATE` on restore.
+//!
+//! Snapshot files are untrusted input: every length is bounded before anything is allocated,
+//! all checksums and the expected configuration are verified by [`load`] before it returns,
+//! and a snapshot that fails any check is refused with a [`SnapshotError`], so a caller that
+//! only restores from a successful [`load`] never half-restores a VM.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::memory::GuestMem;
+
+/// First bytes of a state file.
+pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
+/// Current (and only accepted) format version. Bump on any incompatible change to the
+/// container or to the serialized state.
+pub const FORMAT_VERSION: u32 = 1;
+/// Largest header accepted.
+pub const MAX_HEADER_LEN: u32 = 64 * 1024;
+/// Largest state blob accepted (the real one is ≈10 KB per vCPU plus device buffers).
+pub const MAX_STATE_LEN: u64 = 64 * 1024 * 1024;
+/// Name of the state file inside a snapshot directory.
+pub const STATE_FILE: &str = "state.snap";
+/// Name of the memory file inside a snapshot directory.
+pub const MEMORY_FILE: &str = "memory.bin";
+/// Granularity of sparse memory writes.
+pub const PAGE_SIZE: usize = 4096;
+
+const PREFIX_LEN: usize = MAGIC.len() + 4 + 4;
+const DIGEST_LEN: usize = 32;
+const COPY_CHUNK: usize = 1 << 20;
+
+/// What a snapshot was taken of. A snapshot restores only into an identical configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotKey {
+    /// Guest memory size in bytes.
+    pub memory_size: u64,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Device set, in bus order (e.g. `["serial", "vsock"]`).
+    pub devices: Vec<String>,
+    /// Opaque hash identifying the guest image (kernel, initrd, command line).
+    pub image_hash: String,
+}
+
+/// The verified header of a state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotHeader {
+    /// What the snapshot was taken of.
+    pub key: SnapshotKey,
+    /// VMM version that wrote it (informational).
+    pub vmm_version: String,
+    /// Length of the state blob.
+    pub state_len: u64,
+    /// SHA-256 of the state blob, hex.
+    pub state_sha256: String,
+    /// Length of the memory file (equals `key.memory_size`).
+    pub memory_len: u64,
+    /// SHA-256 of the memory file contents, hex.
+    pub memory_sha256: String,
+}
+
+/// Why a snapshot was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Reading or writing a snapshot file failed.
+    #[error("snapshot file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Not a voidbox snapshot.
+    #[error("not a voidbox snapshot (bad magic)")]
+    BadMagic,
+    /// Written by an incompatible VMM.
+    #[error("snapshot format version {found} is not supported (expected {supported})")]
+    UnsupportedVersion {
+        /// Version in the file.
+        found: u32,
+        /// Version this VMM reads.
+        supported: u32,
+    },
+    /// The file ends early.
+    #[error("snapshot truncated: {0}")]
+    Truncated(&'static str),
+    /// Data after the state blob.
+    #[error("snapshot has trailing data")]
+    TrailingData,
+    /// A length field exceeds its bound.
+    #[error("snapshot {what} length {len} exceeds the limit {limit}")]
+    TooLarge {
+        /// Which part.
+        what: &'static str,
+        /// Length found.
+        len: u64,
+        /// Limit.
+        limit: u64,
+    },
+    /// The header does not parse.
+    #[error("snapshot header invalid: {0}")]
+    BadHeader(String),
+    /// A checksum does not match.
+    #[error("snapshot {0} checksum mismatch (corrupt snapshot)")]
+    Checksum(&'static str),
+    /// The snapshot was taken of a different configuration.
+    #[error("snapshot does not match this VM: {field} is {found}, expected {expected}")]
+    Mismatch {
+        /// Which field.
+        field: &'static str,
+        /// Expected value.
+        expected: String,
+        /// Value in the snapshot.
+        found: String,
+    },
+    /// The state blob does not deserialize into the expected state.
+    #[error("snapshot state invalid: {0}")]
+    BadState(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
+    move |source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Serializes `state` into a blob for [`encode`].
+pub fn encode_state<T: Serialize>(state: &T) -> Result<Vec<u8>, SnapshotError> {
+    serde_json::to_vec(state).map_err(|e| SnapshotError::BadState(e.to_string()))
+}
+
+/// Deserializes a (verified) blob. Unknown fields are the state type's business
+/// (`deny_unknown_fields` on the state structs).
+pub fn decode_state<T: DeserializeOwned>(blob: &[u8]) -> Result<T, SnapshotError> {
+    serde_json::from_slice(blob).map_err(|e| SnapshotError::BadState(e.to_string()))
+}
+
+/// Builds a state file's contents.
+pub fn encode(
+    key: &SnapshotKey,
+    state: &[u8],
+    memory_len: u64,
+    memory_sha256: &[u8; 32],
+) -> Result<Vec<u8>, SnapshotError> {
+    let state_len = state.len() as u64;
+    if state_len > MAX_STATE_LEN {
+        return Err(SnapshotError::TooLarge {
+            what: "state",
+            len: state_len,
+            limit: MAX_STATE_LEN,
+        });
+    }
+    let header = SnapshotHeader {
+        key: key.clone(),
+        vmm_version: env!("CARGO_PKG_VERSION").to_string(),
+        state_len,
+        state_sha256: hex(&Sha256::digest(state)),
+        memory_len,
+        memory_sha256: hex(memory_sha256),
+    };
+    let hbytes =
+        serde_json::to_vec(&header).map_err(|e| SnapshotError::BadHeader(e.to_string()))?;
+    let hlen = u32::try_from(hbytes.len())
+        .ok()
+        .filter(|&l| l <= MAX_HEADER_LEN)
+        .ok_or(SnapshotError::TooLarge {
+            what: "header",
+            len: hbytes.len() as u64,
+            limit: u64::from(MAX_HEADER_LEN),
+        })?;
+    let mut out = Vec::with_capacity(PREFIX_LEN + hbytes.len() + DIGEST_LEN + state.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&hlen.to_le_bytes());
+    out.extend_from_slice(&hbytes);
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    out.extend_from_slice(state);
+    Ok(out)
+}
+
+fn take<'a>(buf: &mut &'a [u8], n: usize, what: &'static str) -> Result<&'a [u8], SnapshotError> {
+    if buf.len() < n {
+        return Err(SnapshotError::Truncated(what));
+    }
+    let (head, rest) = buf.split_at(n);
+    *buf = rest;
+    Ok(head)
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+fn mismatch(field: &'static str, expected: impl ToString, found: impl ToString) -> SnapshotError {
+    SnapshotError::Mismatch {
+        field,
+        expected: expected.to_string(),
+        found: found.to_string(),
+    }
+}
+
+/// Checks `found` against `expected`, field by field.
+pub fn check_key(expected: &SnapshotKey, found: &SnapshotKey) -> Result<(), SnapshotError> {
+    if expected.memory_size != found.memory_size {
+        return Err(mismatch(
+            "memory size",
+            expected.memory_size,
+            found.memory_size,
+        ));
+    }
+    if expected.vcpus != found.vcpus {
+        return Err(mismatch("vCPU count", expected.vcpus, found.vcpus));
+    }
+    if expected.devices != found.devices {
+        return Err(mismatch(
+            "device set",
+            expected.devices.join(","),
+            found.devices.join(","),
+        ));
+    }
+    if expected.image_hash != found.image_hash {
+        return Err(mismatch(
+            "guest image",
+            &expected.image_hash,
+            &found.image_hash,
+        ));
+    }
+    Ok(())
+}
+
+/// Parses and verifies a state file's contents: magic, version, bounds, header checksum,
+/// state checksum, and (when given) the expected configuration. Returns the header and the
+/// state blob.
+pub fn decode<'a>(
+    data: &'a [u8],
+    expected: Option<&SnapshotKey>,
+) -> Result<(SnapshotHeader, &'a [u8]), SnapshotError> {
+    let mut rest = data;
+    let magic = take(&mut rest, MAGIC.len(), "magic")?;
+    if magic != MAGIC {
+        return Err(SnapshotError::BadMagic);
+    }
+    let version = le_u32(take(&mut rest, 4, "version")?);
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let hlen = le_u32(take(&mut rest, 4, "header length")?);
+    if hlen > MAX_HEADER_LEN {
+        return Err(SnapshotError::TooLarge {
+            what: "header",
+            len: u64::from(hlen),
+            limit: u64::from(MAX_HEADER_LEN),
+        });
+    }
+    let hbytes = take(&mut rest, hlen as usize, "header")?;
+    let digest = take(&mut rest, DIGEST_LEN, "header checksum")?;
+    let covered = &data[..PREFIX_LEN + hbytes.len()];
+    if Sha256::digest(covered).as_slice() != digest {
+        return Err(SnapshotError::Checksum("header"));
+    }
+    let header: SnapshotHeader =
+        serde_json::from_slice(hbytes).map_err(|e| SnapshotError::BadHeader(e.to_string()))?;
+    if header.state_len > MAX_STATE_LEN {
+        return Err(SnapshotError::TooLarge {
+            what: "state",
+            len: header.state_len,
+            limit: MAX_STATE_LEN,
+        });
+    }
+    if header.memory_len != header.key.memory_size {
+        return Err(SnapshotError::BadHeader(format!(
+            "memory file length {} differs from memory size {}",
+            header.memory_len, header.key.memory_size
+        )));
+    }
+    let state_len = usize::try_from(header.state_len).map_err(|_| SnapshotError::TooLarge {
+        what: "state",
+        len: header.state_len,
+        limit: MAX_STATE_LEN,
+    })?;
+    let state = take(&mut rest, state_len, "state")?;
+    if !rest.is_empty() {
+        return Err(SnapshotError::TrailingData);
+    }
+    if hex(&Sha256::digest(state)) != header.state_sha256 {
+        return Err(SnapshotError::Checksum("state"));
+    }
+    if let Some(exp) = expected {
+        check_key(exp, &header.key)?;
+    }
+    Ok((header, state))
+}
+
+/// Reads a state file, refusing files longer than any valid one before reading them.
+pub fn read_state_file(path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    let f = File::open(path).map_err(io_err(path))?;
+    let limit = (PREFIX_LEN + DIGEST_LEN) as u64 + u64::from(MAX_HEADER_LEN) + MAX_STATE_LEN;
+    let mut data = Vec::new();
+    // Read one byte past the limit to detect oversized files without trusting metadata.
+    f.take(limit + 1)
+        .read_to_end(&mut data)
+        .map_err(io_err(path))?;
+    if data.len() as u64 > limit {
+        return Err(SnapshotError::TooLarge {
+            what: "state file",
+            len: data.len() as u64,
+            limit,
+        });
+    }
+    Ok(data)
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+    }
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Writes guest memory `[0, size)` to `path` as a sparse file (all-zero pages are left as
+/// holes) and returns its SHA-256.
+pub fn write_memory_file(
+    mem: &GuestMem,
+    size: u64,
+    path: &Path,
+) -> Result<[u8; 32], SnapshotError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.set_len(size).map_err(io_err(path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut off = 0u64;
+    while off < size {
+        let n = usize::try_from((size - off).min(COPY_CHUNK as u64)).unwrap_or(COPY_CHUNK);
+        let chunk = &mut buf[..n];
+        mem.read_slice(chunk, GuestAddress(off)).map_err(|e| {
+            io_err(path)(io::Error::other(format!(
+                "reading guest memory at {off:#x}: {e}"
+            )))
+        })?;
+        hasher.update(&*chunk);
+        for (i, page) in chunk.chunks(PAGE_SIZE).enumerate() {
+            if page.iter().any(|&b| b != 0) {
+                f.write_all_at(page, off + (i * PAGE_SIZE) as u64)
+                    .map_err(io_err(path))?;
+            }
+        }
+        off += n as u64;
+    }
+    f.sync_all().map_err(io_err(path))?;
+    Ok(hasher.finalize().into())
+}
+
+/// How much of the memory file [`load`] verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryCheck {
+    /// Length and SHA-256 (reads the whole file: ≈0.1–0.5 s for 128 MiB).
+    Full,
+    /// Length only (for the restore fast path, when the file is trusted by other means,
+    /// e.g. verified once when the golden snapshot was created and stored read-only).
+    LengthOnly,
+}
+
+/// Verifies the memory file against the header.
+pub fn verify_memory_file(
+    path: &Path,
+    header: &SnapshotHeader,
+    check: MemoryCheck,
+) -> Result<(), SnapshotError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let len = f.metadata().map_err(io_err(path))?.len();
+    if len != header.memory_len {
+        return Err(mismatch("memory file length", header.memory_len, len));
+    }
+    if check == MemoryCheck::Full {
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; COPY_CHUNK];
+        loop {
+            let n = match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err(path)(e)),
+            };
+            hasher.update(&buf[..n]);
+        }
+        if hex(&hasher.finalize()) != header.memory_sha256 {
+            return Err(SnapshotError::Checksum("memory"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a complete snapshot into `dir`: the memory file first, then the state file (so a
+/// state file only exists next to a complete memory file).
+pub fn save(
+    dir: &Path,
+    key: &SnapshotKey,
+    state: &[u8],
+    mem: &GuestMem,
+) -> Result<SnapshotHeader, SnapshotError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let mem_path = dir.join(MEMORY_FILE);
+    let digest = write_memory_file(mem, key.memory_size, &mem_path)?;
+    let bytes = encode(key, state, key.memory_size, &digest)?;
+    write_atomic(&dir.join(STATE_FILE), &bytes)?;
+    let (header, _) = decode(&bytes, None)?;
+    Ok(header)
+}
+
+/// A fully verified snapshot, ready to restore.
+#[derive(Debug)]
+pub struct LoadedSnapshot {
+    /// The header.
+    pub header: SnapshotHeader,
+    /// The state blob (checksum verified).
+    pub state: Vec<u8>,
+    /// The memory file (length, and with [`MemoryCheck::Full`] checksum, verified).
+    pub memory_path: PathBuf,
+}
+
+/// Reads and verifies the snapshot in `dir` against `expected`. Nothing about a VM is touched;
+/// restore only from the returned value.
+pub fn load(
+    dir: &Path,
+    expected: &SnapshotKey,
+    check: MemoryCheck,
+) -> Result<LoadedSnapshot, SnapshotError> {
+    let data = read_state_file(&dir.join(STATE_FILE))?;
+    let (header, state) = decode(&data, Some(expected))?;
+    let state = state.to_vec();
+    let memory_path = dir.join(MEMORY_FILE);
+    verify_memory_file(&memory_path, &header, check)?;
+    Ok(LoadedSnapshot {
+        header,
+        state,
+        memory_path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::create_guest_memory;
+
+    const MEM: u64 = 1 << 20;
+
+    fn key() -> SnapshotKey {
+        SnapshotKey {
+            memory_size: MEM,
+            vcpus: 1,
+            devices: vec!["serial".into(), "vsock".into()],
+            image_hash: "abc123".into(),
+        }
+    }
+
+    fn sample() -> Vec<u8> {
+        encode(&key(), b"{\"x\":1}", MEM, &[7u8; 32]).unwrap()
+    }
+
+    fn header_len(data: &[u8]) -> usize {
+        le_u32(&data[12..16]) as usize
+    }
+
+    #[test]
+    fn round_trip() {
+        let data = sample();
+        let (h, state) = decode(&data, Some(&key())).unwrap();
+        assert_eq!(state, b"{\"x\":1}");
+        assert_eq!(h.key, key());
+        assert_eq!(h.memory_sha256, hex(&[7u8; 32]));
+        assert_eq!(h.state_len, 7);
+    }
+
+    #[test]
+    fn bad_magic_and_version() {
+        let mut data = sample();
+        data[0] ^= 1;
+        assert!(matches!(decode(&data, None), Err(SnapshotError::BadMagic)));
+        let mut data = sample();
+        data[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(
+            decode(&data, None),
+            Err(SnapshotError::UnsupportedVersion {
+                found: 2,
+                supported: FORMAT_VERSION
+            })
+        ));
+    }
+
+    #[test]
+    fn every_truncation_is_refused() {
+        let data = sample();
+        for n in 0..data.len() {
+            let r = decode(&data[..n], None);
+            assert!(
+                matches!(
+                    r,
+                    Err(SnapshotError::Truncated(_)) | Err(SnapshotError::Checksum(_))
+                ),
+                "truncated to {n}: {r:?}"
+            );
+        }
+        let mut long = data.clone();
+        long.push(0);
+        assert!(matches!(
+            decode(&long, None),
+            Err(SnapshotError::TrailingData)
+        ));
+    }
+
+    #[test]
+    fn every_bit_flip_is_refused() {
+        let data = sample();
+        for i in 0..data.len() {
+            for bit in [0u8, 3, 7] {
+                let mut d = data.clone();
+                d[i] ^= 1 << bit;
+                assert!(
+                    decode(&d, Some(&key())).is_err(),
+                    "flip at byte {i} bit {bit}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_state_and_header_checksums() {
+        let mut data = sample();
+        let last = data.len() - 1;
+        data[last] ^= 0x20;
+        assert!(matches!(
+            decode(&data, None),
+            Err(SnapshotError::Checksum("state"))
+        ));
+        let mut data = sample();
+        data[PREFIX_LEN + 2] ^= 0x01;
+        assert!(matches!(
+            decode(&data, None),
+            Err(SnapshotError::Checksum("header"))
+        ));
+    }
+
+    #[test]
+    fn huge_lengths_are_refused_before_allocation() {
+        let mut data = sample();
+        data[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode(&data, None),
+            Err(SnapshotError::TooLarge { what: "header", .. })
+        ));
+        // A header that claims a giant state, with a valid header checksum.
+        let data = sample();
+        let hl = header_len(&data);
+        let mut h: SnapshotHeader = serde_json::from_slice(&data[16..16 + hl]).unwrap();
+        h.state_len = u64::MAX;
+        let hb = serde_json::to_vec(&h).unwrap();
+        let mut d = Vec::new();
+        d.extend_from_slice(&MAGIC);
+        d.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        d.extend_from_slice(&(hb.len() as u32).to_le_bytes());
+        d.extend_from_slice(&hb);
+        let dg = Sha256::digest(&d);
+        d.extend_from_slice(&dg);
+        assert!(matches!(
+            decode(&d, None),
+            Err(SnapshotError::TooLarge { what: "state", .. })
+        ));
+    }
+
+    #[test]
+    fn mismatched_configuration_is_refused() {
+        let data = sample();
+        for (k, field) in [
+            (
+                SnapshotKey {
+                    memory_size: 2 * MEM,
+                    ..key()
+                },
+                "memory size",
+            ),
+            (SnapshotKey { vcpus: 2, ..key() }, "vCPU count"),
+            (
+                SnapshotKey {
+                    devices: vec!["serial".into()],
+                    ..key()
+                },
+                "device set",
+            ),
+            (
+                SnapshotKey {
+                    image_hash: "other".into(),
+                    ..key()
+                },
+                "guest image",
+            ),
+        ] {
+            match decode(&data, Some(&k)) {
+                Err(SnapshotError::Mismatch { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn save_and_load_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = create_guest_memory(MEM).unwrap();
+        mem.write_slice(b"hello guest", GuestAddress(0x3000))
+            .unwrap();
+        mem.write_slice(&[0xff; 10], GuestAddress(MEM - 10))
+            .unwrap();
+        let state = encode_state(&vec![1u32, 2, 3]).unwrap();
+        save(dir.path(), &key(), &state, &mem).unwrap();
+
+        let snap = load(dir.path(), &key(), MemoryCheck::Full).unwrap();
+        let v: Vec<u32> = decode_state(&snap.state).unwrap();
+        assert_eq!(v, vec![1, 2, 3]);
+        let bytes = fs::read(&snap.memory_path).unwrap();
+        assert_eq!(bytes.len() as u64, MEM);
+        assert_eq!(&bytes[0x3000..0x3000 + 11], b"hello guest");
+        assert_eq!(&bytes[(MEM - 10) as usize..], &[0xff; 10]);
+        assert!(bytes[..0x3000].iter().all(|&b| b == 0));
+
+        // Mismatched configuration.
+        let k2 = SnapshotKey { vcpus: 4, ..key() };
+        assert!(matches!(
+            load(dir.path(), &k2, MemoryCheck::LengthOnly),
+            Err(SnapshotError::Mismatch { .. })
+        ));
+
+        // Corrupt memory: caught by the full check only; truncated memory by both.
+        let mp = dir.path().join(MEMORY_FILE);
+        let f = OpenOptions::new().write(true).open(&mp).unwrap();
+        f.write_all_at(b"X", 0x3000).unwrap();
+        assert!(load(dir.path(), &key(), MemoryCheck::LengthOnly).is_ok());
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::Full),
+            Err(SnapshotError::Checksum("memory"))
+        ));
+        f.set_len(MEM - 4096).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::LengthOnly),
+            Err(SnapshotError::Mismatch { .. })
+        ));
+
+        // Truncated and missing state files.
+        let sp = dir.path().join(STATE_FILE);
+        let data = fs::read(&sp).unwrap();
+        fs::write(&sp, &data[..data.len() - 1]).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::LengthOnly),
+            Err(SnapshotError::Truncated(_))
+        ));
+        fs::remove_file(&sp).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::LengthOnly),
+            Err(SnapshotError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_state_blob_is_a_typed_error() {
+        let r: Result<Vec<u32>, _> = decode_state(b"\xff\x00not json");
+        assert!(matches!(r, Err(SnapshotError::BadState(_))));
+    }
+}
