@@ -11,7 +11,7 @@ use crate::diagnostic::FileReport;
 use crate::plan::render::{render, GraphFormat};
 use crate::plan::Plan;
 use crate::spec::model::SandboxMode;
-use crate::validate::{validate_file, Validated};
+use crate::validate::{io_reason, validate_file, Validated};
 
 /// voidbox — declarative pipelines, every node in a fresh KVM micro-VM.
 #[derive(Debug, Parser)]
@@ -149,7 +149,8 @@ fn color_stderr() -> bool {
 pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut files = Vec::new();
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {}", p.display(), io_text(&e)))?;
+        let meta =
+            std::fs::metadata(p).map_err(|e| format!("{}: {}", p.display(), io_reason(&e)))?;
         if !meta.is_dir() {
             files.push(p.clone());
             continue;
@@ -167,7 +168,7 @@ pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
                 let path = e
                     .path()
                     .map_or_else(|| p.display().to_string(), |x| x.display().to_string());
-                let reason = e.io_error().map_or_else(|| e.to_string(), io_text);
+                let reason = e.io_error().map_or_else(|| e.to_string(), io_reason);
                 format!("{path}: {reason}")
             })?;
             let is_yaml = entry
@@ -186,14 +187,6 @@ pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
         }
     }
     Ok(files)
-}
-
-fn io_text(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or directory".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
-    }
 }
 
 fn validate_cmd(args: &ValidateArgs) -> ExitCode {

@@ -11,10 +11,6 @@ use crate::handshake::{accept_ping, check_pong, SessionSecret};
 use crate::message::{Message, Ping, Pong};
 use crate::policy::{GuestInfo, GuestPolicy};
 
-/// Initial buffer reserved for a payload; larger payloads grow as bytes actually arrive,
-/// so a peer announcing a big frame and sending nothing cannot make us allocate it.
-const INITIAL_PAYLOAD_CAPACITY: usize = 64 * 1024;
-
 /// Reads one frame. Returns [`ProtocolError::Closed`] on EOF at a frame boundary,
 /// [`ProtocolError::Truncated`] on EOF inside a frame, and [`ProtocolError::Oversized`]
 /// (before reading or allocating the payload) when the header announces too much.
@@ -36,19 +32,9 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Frame> {
         }
     }
     let header = FrameHeader::parse(h)?;
-    let len = header.len as usize;
-    let mut payload = Vec::with_capacity(len.min(INITIAL_PAYLOAD_CAPACITY));
+    let mut payload = header.payload_buffer();
     r.take(header.len as u64).read_to_end(&mut payload)?;
-    if payload.len() < len {
-        return Err(ProtocolError::Truncated {
-            needed: (HEADER_LEN + len) as u64,
-            got: (HEADER_LEN + payload.len()) as u64,
-        });
-    }
-    Ok(Frame {
-        ty: header.ty,
-        payload,
-    })
+    header.finish(payload)
 }
 
 /// Writes one frame and flushes.

@@ -30,12 +30,37 @@ impl FrameHeader {
         Ok(FrameHeader { len, ty: bytes[4] })
     }
 
+    /// An empty payload buffer for this frame. Its capacity is capped, so a hostile length
+    /// header cannot make a reader allocate before the bytes actually arrive.
+    pub fn payload_buffer(self) -> Vec<u8> {
+        Vec::with_capacity((self.len as usize).min(INITIAL_PAYLOAD_CAPACITY))
+    }
+
+    /// The frame once `payload` has been read from a stream; a short read is
+    /// [`ProtocolError::Truncated`].
+    pub fn finish(self, payload: Vec<u8>) -> Result<Frame> {
+        let len = self.len as usize;
+        if payload.len() < len {
+            return Err(ProtocolError::Truncated {
+                needed: (HEADER_LEN + len) as u64,
+                got: (HEADER_LEN + payload.len()) as u64,
+            });
+        }
+        Ok(Frame {
+            ty: self.ty,
+            payload,
+        })
+    }
+
     /// Serializes the header.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let l = self.len.to_le_bytes();
         [l[0], l[1], l[2], l[3], self.ty]
     }
 }
+
+/// Initial payload capacity of a stream reader; the buffer grows only as bytes arrive.
+const INITIAL_PAYLOAD_CAPACITY: usize = 64 * 1024;
 
 /// Returns [`ProtocolError::Oversized`] when `len` exceeds [`MAX_MESSAGE_SIZE`].
 pub(crate) fn check_len(len: u64) -> Result<()> {

@@ -20,8 +20,6 @@ use crate::message::{ErrorCode, Message, MessageType, Ping, Pong, RequestId};
 use crate::mux::RequestIdAllocator;
 use crate::policy::{GuestInfo, GuestPolicy};
 
-const INITIAL_PAYLOAD_CAPACITY: usize = 64 * 1024;
-
 /// Reads one frame; same contract as [`crate::blocking::read_frame`].
 pub async fn read_frame<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> Result<Frame> {
     let mut h = [0u8; HEADER_LEN];
@@ -39,19 +37,9 @@ pub async fn read_frame<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> Result<Fram
         }
     }
     let header = FrameHeader::parse(h)?;
-    let len = header.len as usize;
-    let mut payload = Vec::with_capacity(len.min(INITIAL_PAYLOAD_CAPACITY));
+    let mut payload = header.payload_buffer();
     r.take(header.len as u64).read_to_end(&mut payload).await?;
-    if payload.len() < len {
-        return Err(ProtocolError::Truncated {
-            needed: (HEADER_LEN + len) as u64,
-            got: (HEADER_LEN + payload.len()) as u64,
-        });
-    }
-    Ok(Frame {
-        ty: header.ty,
-        payload,
-    })
+    header.finish(payload)
 }
 
 /// Writes one frame and flushes.

@@ -32,6 +32,13 @@ impl From<Output> for Run {
     }
 }
 
+/// Writes `text` to `dir/name` and returns the path as a string (for CLI arguments).
+pub fn write_file(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p.to_string_lossy().into_owned()
+}
+
 /// Runs the `voidbox` binary at `bin` with `args` in `cwd` (no colors).
 pub fn run_in(bin: &str, cwd: &Path, args: &[&str]) -> Run {
     Command::new(bin)

@@ -1,19 +1,11 @@
 //! `voidbox apply` checks that need no VM: usage and plan-time errors and their exit codes.
 
-use std::path::Path;
-
-use voidbox_tests::{repo_root, run_in, Run};
+use voidbox_tests::{repo_root, run_in, write_file as write, Run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 
 fn run(args: &[&str]) -> Run {
     run_in(BIN, &repo_root(), args)
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write");
-    p.to_string_lossy().into_owned()
 }
 
 #[test]

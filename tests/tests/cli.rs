@@ -1,21 +1,14 @@
 //! End-to-end tests of `voidbox validate`, `graph` and `schema` through the built binary,
 //! including hostile input: huge files, alias bombs, binary garbage, FIFOs, directories.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use voidbox_tests::{repo_root, run_in, Run};
+use voidbox_tests::{repo_root, run_in, write_file as write, Run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 
 fn run(args: &[&str]) -> Run {
     run_in(BIN, &repo_root(), args)
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write");
-    p.to_string_lossy().into_owned()
 }
 
 const VALID: &str = "api_version: v1\nkind: sandbox\nname: ok\nrun: {program: echo}\n";

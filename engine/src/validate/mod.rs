@@ -45,7 +45,7 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
         path: display.clone(),
         reason,
     };
-    let meta = std::fs::metadata(path).map_err(|e| io(describe_io(&e)))?;
+    let meta = std::fs::metadata(path).map_err(|e| io(io_reason(&e)))?;
     if meta.is_dir() {
         return Err(io("is a directory, not a spec file".into()));
     }
@@ -67,7 +67,7 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
             ),
         ));
     }
-    let bytes = read_capped(path, MAX_SPEC_BYTES).map_err(|e| io(describe_io(&e)))?;
+    let bytes = read_capped(path, MAX_SPEC_BYTES).map_err(|e| io(io_reason(&e)))?;
     let base = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -100,7 +100,8 @@ fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn describe_io(e: &std::io::Error) -> String {
+/// A short, stable description of an I/O error for diagnostics ("no such file or directory").
+pub fn io_reason(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::NotFound => "no such file or directory".into(),
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::diagnostic::{Diagnostic, Span};
 use crate::spec::yaml::{self, Node, NodeKind};
 use crate::suggest::did_you_mean;
+use crate::validate::io_reason;
 
 /// The prefixes a skill string may use.
 pub const SKILL_TYPES: [&str; 5] = ["agent", "file", "remote", "mcp", "cli"];
@@ -176,14 +177,6 @@ fn skill_md_display(rel: &str, is_dir: bool) -> String {
         format!("{}/SKILL.md", rel.trim_end_matches('/'))
     } else {
         rel.to_string()
-    }
-}
-
-fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or directory".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
     }
 }
 
