@@ -137,6 +137,17 @@ fn part2() {
         runtime_dir: None,
         spec_dir: ".".into(),
         kill_children_on_abort: false,
+        snapshots: voidbox::snapshot::Snapshots::new(
+            false,
+            voidbox::snapshot::CreateOptions {
+                launcher: VmmLauncher::CurrentExe,
+                boot_timeout: Duration::from_secs(300),
+                runtime_dir: None,
+            },
+            ".".into(),
+            Arc::new(|m: &str| eprintln!("{m}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
     });
     let width = std::env::var("VOIDBOX_BENCH_WIDTH")
         .ok()

@@ -36,6 +36,9 @@ pub enum Command {
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
+    /// Manage golden snapshots (VMs restore from them instead of cold-booting).
+    #[command(subcommand)]
+    Snapshot(crate::snapshot::cli::SnapshotCommand),
     /// Run one command in a fresh micro-VM (`voidbox run -- CMD [ARGS…]`).
     Run(crate::sandbox::cli::RunArgs),
     /// Internal: run the VMM for one VM in this process (started by the engine).
@@ -107,6 +110,10 @@ pub struct ApplyArgs {
     /// Directory for the guest console logs (default: $XDG_STATE_HOME/voidbox/runs/…).
     #[arg(long, value_name = "DIR")]
     pub logs_dir: Option<PathBuf>,
+    /// Cold-boot every VM instead of restoring it from a golden snapshot (also ignores
+    /// `sandbox.snapshot`).
+    #[arg(long)]
+    pub no_snapshot: bool,
 }
 
 /// Entry point of the `voidbox` binary.
@@ -131,6 +138,7 @@ pub fn main() -> ExitCode {
         }
         Command::Apply(args) => apply_cmd(&args),
         Command::Image(cmd) => crate::image::run_cli(cmd),
+        Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::sandbox::cli::run_cmd(&args),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
     }
@@ -368,6 +376,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         max_output: args.max_output,
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         logs_dir: args.logs_dir.clone(),
+        snapshots: !args.no_snapshot,
         ..crate::run::ApplyOptions::default()
     };
     ExitCode::from(crate::run::apply(plan, &opts))

@@ -10,6 +10,7 @@ pub mod image;
 pub mod plan;
 pub mod run;
 pub mod sandbox;
+pub mod snapshot;
 pub mod spec;
 pub mod suggest;
 pub mod validate;

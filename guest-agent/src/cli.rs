@@ -7,7 +7,8 @@
 //! voidbox-guest-agent --listen unix:PATH|vsock:PORT
 //!                     (--secret-hex HEX | --secret-file PATH)
 //!                     [--root DIR] [--boot-params 'voidbox.allow=sh voidbox.rlimit.nofile=64 …']
-//!                     [--cmdline-file PATH] [--no-drop] [--debug]
+//!                     [--cmdline-file PATH] [--no-drop] [--rekey off|secret-only|system]
+//!                     [--debug]
 //! ```
 //!
 //! * `--root DIR` relocates the confinement roots: `/workspace` → `DIR/workspace`, etc.
@@ -15,6 +16,10 @@
 //! * `--boot-params` / `--cmdline-file` are parsed exactly like `/proc/cmdline`.
 //! * Children always run as uid/gid 1000. A non-root agent cannot do that and refuses to
 //!   start unless `--no-drop` is given explicitly (children then keep the agent's uid).
+//! * `Rekey` is refused in host mode unless `--rekey` says otherwise: `secret-only` rotates
+//!   the secret without touching the host's RNG or clock (tests; the Pong says so with the
+//!   `rekey_secret_only` capability), `system` does what PID 1 always does — reseed the
+//!   kernel RNG and set the clock (needs root, and changes the host's clock).
 //! * In host mode the agent is a child subreaper (it reaps orphaned grandchildren) and
 //!   dies with its parent (`PR_SET_PDEATHSIG`).
 
@@ -25,6 +30,7 @@ use voidbox_protocol::SessionSecret;
 use crate::cmdline::{BootParams, DEFAULT_PORT};
 use crate::exec::ExecEnv;
 use crate::policy::Policy;
+use crate::rekey::RekeyMode;
 use crate::server::{AgentConfig, Listen};
 use crate::spawn::SANDBOX;
 
@@ -41,6 +47,8 @@ pub struct Flags {
     pub boot_params: Option<String>,
     /// `--no-drop`.
     pub no_drop: bool,
+    /// `--rekey` (default off).
+    pub rekey: RekeyMode,
     /// `--debug`.
     pub debug: bool,
 }
@@ -48,7 +56,7 @@ pub struct Flags {
 /// Usage text.
 pub const USAGE: &str = "usage: voidbox-guest-agent --listen unix:PATH|vsock:PORT \
 (--secret-hex HEX | --secret-file PATH) [--root DIR] [--boot-params STRING] \
-[--cmdline-file PATH] [--no-drop] [--debug]\n(as PID 1 no flags are used; see /proc/cmdline voidbox.* parameters)";
+[--cmdline-file PATH] [--no-drop] [--rekey off|secret-only|system] [--debug]\n(as PID 1 no flags are used; see /proc/cmdline voidbox.* parameters)";
 
 /// Parses flags (without argv[0]).
 pub fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Flags, String> {
@@ -77,6 +85,7 @@ pub fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Flags, Stri
                     Some(std::fs::read_to_string(&p).map_err(|e| format!("reading {p}: {e}"))?);
             }
             "--no-drop" => f.no_drop = true,
+            "--rekey" => f.rekey = RekeyMode::parse(&value()?)?,
             "--debug" => f.debug = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             "-V" | "--version" => {
@@ -136,6 +145,9 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         }
         None => PathBuf::from("/"),
     };
+    if flags.rekey == RekeyMode::System {
+        crate::log!("warning: --rekey system: a Rekey reseeds this host's RNG and sets its clock");
+    }
     let listen = flags
         .listen
         .unwrap_or(Listen::Vsock(params.port.unwrap_or(DEFAULT_PORT)));
@@ -147,6 +159,7 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         is_init: false,
         shutdown_mode: params.shutdown,
         vsock_any_peer: true,
+        rekey: flags.rekey,
     })
 }
 
@@ -201,6 +214,8 @@ pub fn guest_config() -> AgentConfig {
         is_init: true,
         shutdown_mode: params.shutdown,
         vsock_any_peer: false,
+        // Clones of one snapshot must never keep a shared RNG state or a stale clock.
+        rekey: RekeyMode::System,
     }
 }
 
@@ -224,7 +239,11 @@ mod tests {
         .unwrap();
         assert_eq!(f.listen, Some(Listen::Unix("/tmp/x.sock".into())));
         assert!(f.secret.is_some() && f.debug && !f.no_drop);
+        assert_eq!(f.rekey, RekeyMode::Off);
         assert_eq!(f.root, Some(PathBuf::from("/tmp/r")));
+        let f = parse_flags(["--rekey=secret-only".to_string()]).unwrap();
+        assert_eq!(f.rekey, RekeyMode::SecretOnly);
+        assert!(parse_flags(["--rekey".to_string(), "maybe".to_string()]).is_err());
         assert!(parse_flags(["--bogus".to_string()]).is_err());
         assert!(parse_flags(["--listen".to_string()]).is_err());
         assert_eq!(parse_listen("vsock:1234"), Ok(Listen::Vsock(1234)));

@@ -5,6 +5,7 @@
 //! * [`server`]: the vsock (or, on the host, Unix-socket) server; one thread per
 //!   connection and per long-running request, multiplexed by request id.
 //! * [`auth`]: session-secret handling and the handshake.
+//! * [`rekey`]: the system half of a `Rekey` (RNG reseed, clock) before secret rotation.
 //! * [`policy`]: command allowlist, rlimits, timeouts.
 //! * [`exec`] + [`spawn`]: running programs as uid/gid 1000 with limits, streaming output.
 //! * [`reaper`] + [`watchdog`]: the single `waitpid` owner and the timeout killer.
@@ -21,6 +22,7 @@ pub mod init;
 pub mod policy;
 pub mod pty;
 pub mod reaper;
+pub mod rekey;
 pub mod server;
 pub mod spawn;
 pub mod telemetry;

@@ -1,8 +1,8 @@
 //! The agent's server: listener, per-connection handshake and request dispatch.
 //!
 //! One thread reads each connection's frames and answers quick requests (file RPCs,
-//! telemetry, signals) inline; execs, PTY sessions and file reads get a thread of their
-//! own and share the connection's writer, whose mutex keeps frames whole. Requests are
+//! telemetry, signals, re-keys) inline; execs, PTY sessions and file reads get a thread of
+//! their own and share the connection's writer, whose mutex keeps frames whole. Requests are
 //! told apart by request id; responses echo it. Malformed or unknown frames are answered
 //! with an `Error` and the connection continues; oversized or truncated frames (after
 //! which the stream cannot be resynchronised) end the connection, never the agent.
@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use voidbox_protocol::blocking::read_message;
 use voidbox_protocol::{
-    Ack, ErrorCode, ExecRequest, FileChunk, FileStatResponse, Message, Pong, ProtocolError,
-    RequestId, SessionSecret, ShutdownAction, WriteFile, FILE_CHUNK_SIZE,
+    Ack, ErrorCode, ExecRequest, FileChunk, FileStatResponse, GuestInfo, Message, Ping, Pong,
+    ProtocolError, Rekey, RequestId, SessionSecret, ShutdownAction, WriteFile, FILE_CHUNK_SIZE,
 };
 
 use crate::cmdline::ShutdownMode;
@@ -29,6 +29,7 @@ use crate::exec::{self, ActiveGuard, Command, ExecEnv, Sink, StdinChunk, StdinSo
 use crate::files::{FileWriter, Roots};
 use crate::policy::{Policy, PolicySpec};
 use crate::reaper::ExitSlot;
+use crate::rekey::{self, RekeyMode};
 use crate::{auth, pty, telemetry};
 
 /// Where the agent listens.
@@ -51,7 +52,7 @@ const STDIN_QUEUE: usize = 16;
 pub struct AgentConfig {
     /// Where to listen.
     pub listen: Listen,
-    /// The session secret every connection must present.
+    /// The session secret every connection must present, until a `Rekey` replaces it.
     pub secret: SessionSecret,
     /// Policy in force before any handshake (from boot parameters / flags).
     pub policy: Policy,
@@ -63,11 +64,29 @@ pub struct AgentConfig {
     pub shutdown_mode: ShutdownMode,
     /// Accept vsock connections from any CID, not only the host (CID 2).
     pub vsock_any_peer: bool,
+    /// What `Rekey` does: always [`RekeyMode::System`] as PID 1; host processes choose
+    /// explicitly (`--rekey`, default off).
+    pub rekey: RekeyMode,
+}
+
+/// The parts of [`AgentConfig`] that stay fixed while the agent runs.
+struct Settings {
+    listen: Listen,
+    exec_env: ExecEnv,
+    is_init: bool,
+    shutdown_mode: ShutdownMode,
+    vsock_any_peer: bool,
+    rekey: RekeyMode,
 }
 
 /// Shared state of the agent.
 pub struct Agent {
-    cfg: AgentConfig,
+    cfg: Settings,
+    /// The only copy of the session secret; a `Rekey` replaces (and so zeroes) it.
+    secret: RwLock<SessionSecret>,
+    /// Serializes re-keys: reseed, clock and rotation of one request are not interleaved
+    /// with another's.
+    rekeying: Mutex<()>,
     policy: RwLock<Arc<Policy>>,
     roots: Roots,
     connections: AtomicUsize,
@@ -76,14 +95,77 @@ pub struct Agent {
 impl Agent {
     /// Creates the agent (opens the confinement roots).
     pub fn new(cfg: AgentConfig) -> Arc<Agent> {
-        let roots = Roots::open(&cfg.exec_env.base);
-        let policy = RwLock::new(Arc::new(cfg.policy.clone()));
-        Arc::new(Agent {
-            cfg,
+        let AgentConfig {
+            listen,
+            secret,
             policy,
+            exec_env,
+            is_init,
+            shutdown_mode,
+            vsock_any_peer,
+            rekey,
+        } = cfg;
+        let roots = Roots::open(&exec_env.base);
+        Arc::new(Agent {
+            cfg: Settings {
+                listen,
+                exec_env,
+                is_init,
+                shutdown_mode,
+                vsock_any_peer,
+                rekey,
+            },
+            secret: RwLock::new(secret),
+            rekeying: Mutex::new(()),
+            policy: RwLock::new(Arc::new(policy)),
             roots,
             connections: AtomicUsize::new(0),
         })
+    }
+
+    /// Checks a handshake `Ping` against the current session secret (see
+    /// [`auth::authenticate`]).
+    fn authenticate(&self, first: Message) -> Result<Ping, Box<(ProtocolError, Message)>> {
+        let secret = self.secret.read().unwrap_or_else(|e| e.into_inner());
+        auth::authenticate(first, &secret)
+    }
+
+    /// Serves a `Rekey`: validates it, performs the system steps of the configured
+    /// [`RekeyMode`], and only then replaces the secret. On error the secret is unchanged.
+    fn rekey(&self, r: Rekey) -> Result<(), (ErrorCode, String)> {
+        let _one_at_a_time = lock(&self.rekeying);
+        let Rekey {
+            secret,
+            unix_time_ns,
+            entropy,
+            ..
+        } = r;
+        if self.cfg.rekey == RekeyMode::Off {
+            return Err((
+                ErrorCode::Unsupported,
+                "re-key is disabled in this agent (a host process started without --rekey)".into(),
+            ));
+        }
+        rekey::validate(&entropy, unix_time_ns)?;
+        if self.cfg.rekey == RekeyMode::System {
+            rekey::apply_system(&entropy, unix_time_ns)?;
+        }
+        // The old secret is dropped here, which zeroes it.
+        *self.secret.write().unwrap_or_else(|e| e.into_inner()) = secret;
+        crate::debug!(
+            "re-keyed ({:?}): {} entropy bytes, session secret rotated",
+            self.cfg.rekey,
+            entropy.len()
+        );
+        Ok(())
+    }
+
+    /// Facts for the Pong: the guest's, plus how this agent serves `Rekey`.
+    fn guest_info(&self) -> GuestInfo {
+        let mut info = telemetry::guest_info();
+        info.capabilities
+            .extend(self.cfg.rekey.capability().map(String::from));
+        info
     }
 
     /// The policy currently in force.
@@ -308,14 +390,14 @@ impl Connection {
                 return false;
             }
         };
-        match auth::authenticate(first, &self.agent.cfg.secret) {
+        match self.agent.authenticate(first) {
             Ok(ping) => {
                 if let Some(p) = &ping.policy {
                     self.agent.narrow_policy(&PolicySpec::from_guest_policy(p));
                 }
                 let _ = self.stream.set_read_timeout(None);
                 self.writer
-                    .send(&Message::Pong(Pong::new(ping.id, telemetry::guest_info())))
+                    .send(&Message::Pong(Pong::new(ping.id, self.agent.guest_info())))
                     .is_ok()
             }
             Err(rejected) => {
@@ -396,21 +478,30 @@ impl Connection {
     fn dispatch(&mut self, msg: Message) {
         let id = msg.id();
         match msg {
-            Message::Ping(ping) => {
-                match auth::authenticate(Message::Ping(ping), &self.agent.cfg.secret) {
-                    Ok(ping) => {
-                        if let Some(p) = &ping.policy {
-                            self.agent.narrow_policy(&PolicySpec::from_guest_policy(p));
-                        }
-                        let _ = self
-                            .writer
-                            .send(&Message::Pong(Pong::new(id, telemetry::guest_info())));
+            Message::Ping(ping) => match self.agent.authenticate(Message::Ping(ping)) {
+                Ok(ping) => {
+                    if let Some(p) = &ping.policy {
+                        self.agent.narrow_policy(&PolicySpec::from_guest_policy(p));
                     }
-                    Err(rejected) => {
-                        let _ = self.writer.send(&rejected.1);
-                    }
+                    let _ = self
+                        .writer
+                        .send(&Message::Pong(Pong::new(id, self.agent.guest_info())));
                 }
-            }
+                Err(rejected) => {
+                    let _ = self.writer.send(&rejected.1);
+                }
+            },
+            // Like every request, only reached on an authenticated connection; this one
+            // stays authenticated, later ones must present the new secret.
+            Message::Rekey(r) => match self.agent.rekey(r) {
+                Ok(()) => {
+                    let _ = self.writer.send(&Message::Ack(Ack { id }));
+                }
+                Err((code, message)) => {
+                    crate::log!("{message}");
+                    self.writer.error(id, code, message);
+                }
+            },
             Message::ExecRequest(req) => self.exec(req),
             Message::ExecStdin(s) => {
                 let tx = lock(&self.running).get_mut(&id).and_then(|r| {

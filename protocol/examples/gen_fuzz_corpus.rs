@@ -9,7 +9,9 @@ mod samples;
 
 use std::path::PathBuf;
 
-use voidbox_protocol::{Message, MessageType, MAX_MESSAGE_SIZE};
+use voidbox_protocol::{
+    Message, MessageType, MAX_MESSAGE_SIZE, REKEY_ENTROPY_MAX, REKEY_ENTROPY_MIN,
+};
 
 fn frame(ty: u8, payload: &[u8]) -> Vec<u8> {
     let mut v = (payload.len() as u32).to_le_bytes().to_vec();
@@ -60,10 +62,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in 1..5 {
         files.push((
             format!("truncated-header-{n}"),
-            samples[3].encode()?[..n].to_vec(),
+            samples::sample(MessageType::Ack).encode()?[..n].to_vec(),
         ));
     }
-    for m in [&samples[0], &samples[5], &samples[6], &samples[11]] {
+    for t in [
+        MessageType::Ping,
+        MessageType::Rekey,
+        MessageType::ExecRequest,
+        MessageType::ExecOutputChunk,
+        MessageType::FileChunk,
+    ] {
+        let m = samples::sample(t);
         let b = m.encode()?;
         files.push((
             format!("truncated-payload-{}", m.message_type().name()),
@@ -88,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [ack(1), header(u32::MAX, 0)].concat(),
     ));
 
-    for ty in [0x00u8, 0x06, 0x7f, 0xff] {
+    for ty in [0x00u8, 0x07, 0x7f, 0xff] {
         files.push((format!("unknown-type-{ty:02x}"), frame(ty, b"{\"id\":1}")));
     }
 
@@ -135,6 +144,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             MessageType::ExecStdin.as_u8(),
             &[0, 0, 0, 0, 0, 0, 0, 0, 0xf0],
         ),
+    ));
+    let rekey = |entropy_len: usize| {
+        let mut p = 12u64.to_le_bytes().to_vec();
+        p.extend([0x42; 32]);
+        p.extend(1_700_000_000_000_000_000u64.to_le_bytes());
+        p.extend(vec![7u8; entropy_len]);
+        frame(MessageType::Rekey.as_u8(), &p)
+    };
+    files.push(("valid-rekey-min-entropy".into(), rekey(REKEY_ENTROPY_MIN)));
+    files.push(("valid-rekey-max-entropy".into(), rekey(REKEY_ENTROPY_MAX)));
+    files.push(("malformed-rekey-no-entropy".into(), rekey(0)));
+    files.push((
+        "malformed-rekey-short-entropy".into(),
+        rekey(REKEY_ENTROPY_MIN - 1),
+    ));
+    files.push((
+        "malformed-rekey-long-entropy".into(),
+        rekey(REKEY_ENTROPY_MAX + 1),
     ));
     files.push((
         "malformed-pong-no-info".into(),

@@ -5,6 +5,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 
+use crate::codec::{from_owned_frame, scrub_secret};
 use crate::error::{ProtocolError, Result};
 use crate::frame::{Frame, FrameHeader, HEADER_LEN};
 use crate::handshake::{accept_ping, check_pong, SessionSecret};
@@ -49,14 +50,16 @@ pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &Frame) -> Result<()> {
 /// Reads and decodes one message. Errors for which [`ProtocolError::is_fatal`] is
 /// `false` (unknown type, malformed payload) leave the stream positioned at the next frame.
 pub fn read_message<R: Read + ?Sized>(r: &mut R) -> Result<Message> {
-    Message::from_frame(&read_frame(r)?)
+    from_owned_frame(read_frame(r)?)
 }
 
-/// Encodes and writes one message, then flushes.
+/// Encodes and writes one message, then flushes. The encoded bytes of a secret-carrying
+/// message are zeroed afterwards.
 pub fn write_message<W: Write + ?Sized>(w: &mut W, msg: &Message) -> Result<()> {
-    let buf = msg.encode()?;
-    w.write_all(&buf)?;
-    w.flush()?;
+    let mut buf = msg.encode()?;
+    let written = w.write_all(&buf).and_then(|()| w.flush());
+    scrub_secret(msg.message_type().as_u8(), &mut buf);
+    written?;
     Ok(())
 }
 

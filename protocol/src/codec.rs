@@ -7,6 +7,7 @@
 //! |------|--------|
 //! | `Ping` | `id u64 · version u32 · secret [u8; 32] · policy JSON (empty = none)` |
 //! | `Pong` | `id u64 · version u32 · guest-info JSON` |
+//! | `Rekey` | `id u64 · secret [u8; 32] · unix_time_ns u64 · entropy (32..=256 bytes)` |
 //! | `ExecOutputChunk` | `id u64 · stream u8 (1 stdout, 2 stderr) · seq u64 · data` |
 //! | `ExecStdin` | `id u64 · flags u8 (bit 0 = eof) · data` |
 //! | `FileChunk` | `id u64 · offset u64 · flags u8 (bit 0 = last) · data` |
@@ -14,11 +15,12 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::error::{ProtocolError, Result};
 use crate::frame::{check_len, Frame, FrameHeader, HEADER_LEN};
 use crate::handshake::{SessionSecret, SECRET_LEN};
-use crate::message::*;
+use crate::message::{check_rekey_entropy, *};
 
 const FLAG_END: u8 = 0x01;
 
@@ -39,6 +41,16 @@ impl Message {
                 let mut b = bin_head(m.id, 12);
                 b.extend_from_slice(&m.version.to_le_bytes());
                 json_into(&mut b, &m.info)?;
+                b
+            }
+            Message::Rekey(m) => {
+                check_rekey_entropy(m.entropy.len())
+                    .map_err(|d| ProtocolError::malformed("Rekey", Some(m.id), d))?;
+                // Sized exactly: no reallocation leaves a stray copy of the secret behind.
+                let mut b = bin_head(m.id, SECRET_LEN + 8 + m.entropy.len());
+                b.extend_from_slice(m.secret.as_bytes());
+                b.extend_from_slice(&m.unix_time_ns.to_le_bytes());
+                b.extend_from_slice(&m.entropy);
                 b
             }
             Message::ExecOutputChunk(m) => {
@@ -97,7 +109,7 @@ impl Message {
 
     /// Encodes the complete frame (header + payload).
     pub fn encode(&self) -> Result<Vec<u8>> {
-        let payload = self.encode_payload()?;
+        let mut payload = self.encode_payload()?;
         let header = FrameHeader {
             len: u32::try_from(payload.len()).map_err(|_| ProtocolError::Oversized {
                 len: payload.len() as u64,
@@ -108,6 +120,7 @@ impl Message {
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
         out.extend_from_slice(&header.to_bytes());
         out.extend_from_slice(&payload);
+        scrub_secret(header.ty, &mut payload);
         Ok(out)
     }
 
@@ -149,6 +162,18 @@ impl Message {
                 let rest = r.rest();
                 let info = r.json(rest)?;
                 Message::Pong(Pong { id, version, info })
+            }
+            MessageType::Rekey => {
+                let secret = SessionSecret::from_bytes(r.array::<SECRET_LEN>()?);
+                let unix_time_ns = r.u64()?;
+                let entropy = r.rest();
+                check_rekey_entropy(entropy.len()).map_err(|d| r.err(d))?;
+                Message::Rekey(Rekey {
+                    id,
+                    secret,
+                    unix_time_ns,
+                    entropy: Zeroizing::new(entropy.to_vec()),
+                })
             }
             MessageType::ExecOutputChunk => {
                 let sb = r.u8()?;
@@ -207,15 +232,31 @@ impl Message {
     pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>> {
         match Frame::decode(buf)? {
             None => Ok(None),
-            Some((frame, used)) => Ok(Some((Message::from_frame(&frame)?, used))),
+            Some((frame, used)) => Ok(Some((from_owned_frame(frame)?, used))),
         }
     }
 
     /// Decodes exactly one complete frame occupying all of `buf` (no truncation, no
     /// trailing bytes).
     pub fn decode_exact(buf: &[u8]) -> Result<Message> {
-        Message::from_frame(&Frame::decode_exact(buf)?)
+        from_owned_frame(Frame::decode_exact(buf)?)
     }
+}
+
+/// Zeroes `buf` (an encoded frame or payload of raw type `ty`) when the type carries a
+/// session secret; other buffers are left alone.
+pub(crate) fn scrub_secret(ty: u8, buf: &mut Vec<u8>) {
+    if MessageType::from_u8(ty).is_some_and(MessageType::carries_secret) {
+        buf.zeroize();
+    }
+}
+
+/// [`Message::from_frame`] for a frame the caller no longer needs: a secret-carrying
+/// payload is zeroed once decoded.
+pub(crate) fn from_owned_frame(mut frame: Frame) -> Result<Message> {
+    let msg = Message::from_frame(&frame);
+    scrub_secret(frame.ty, &mut frame.payload);
+    msg
 }
 
 fn bin_head(id: RequestId, extra: usize) -> Vec<u8> {

@@ -3,16 +3,19 @@
 //! * Framing ([`frame`]): `u32 LE payload length | u8 type | payload`, payloads capped at
 //!   [`MAX_MESSAGE_SIZE`] (checked before allocating).
 //! * Messages ([`message`]): JSON payloads, except the byte-carrying types (Ping/Pong,
-//!   exec output/stdin, file chunks, PTY data) which use compact binary layouts ([`codec`]).
+//!   Rekey, exec output/stdin, file chunks, PTY data) which use compact binary layouts
+//!   ([`codec`]).
 //! * Every message carries a [`RequestId`]; responses echo it, so requests multiplex over
 //!   one connection ([`mux`], and [`tokio_io::Demux`] with the `tokio` feature).
 //! * Handshake ([`handshake`]): [`Ping`] with version + 32-byte [`SessionSecret`] (+ policy),
-//!   answered by [`Pong`]; constant-time secret comparison.
+//!   answered by [`Pong`]; constant-time secret comparison. An authenticated [`Rekey`]
+//!   rotates the secret, reseeds the guest RNG and sets the guest clock (VM clones).
 //! * Adapters: [`blocking`] (std `Read`/`Write`) and, with feature `tokio`, [`tokio_io`]
 //!   (`AsyncRead`/`AsyncWrite`, a `tokio_util` codec and the demultiplexer).
 //!
-//! `Debug` output never contains the session secret, and redacts environment values whose
-//! names contain KEY, SECRET, TOKEN or PASSWORD ([`redact`]).
+//! `Debug` output never contains the session secret or re-key entropy (both are zeroed on
+//! drop, as are the encoded Ping/Rekey frames in the I/O adapters), and redacts environment
+//! values whose names contain KEY, SECRET, TOKEN or PASSWORD ([`redact`]).
 //!
 //! ```
 //! use voidbox_protocol::{blocking, ExecRequest, Message, RequestIdAllocator};
@@ -53,8 +56,10 @@ pub use frame::{Frame, FrameHeader, HEADER_LEN, MAX_MESSAGE_SIZE};
 pub use handshake::{ct_eq, InvalidSecret, SessionSecret, PROTOCOL_VERSION, SECRET_LEN};
 pub use message::*;
 pub use mux::RequestIdAllocator;
-pub use policy::{GuestInfo, GuestPolicy, ResourceLimits};
+pub use policy::{GuestInfo, GuestPolicy, ResourceLimits, CAP_REKEY, CAP_REKEY_SECRET_ONLY};
 pub use redact::is_sensitive_env_name;
+/// Wrapper that zeroes its contents on drop (used for [`Rekey::entropy`]).
+pub use zeroize::Zeroizing;
 
 /// Recommended maximum data bytes per [`ExecOutputChunk`] / [`PtyData`] frame.
 pub const OUTPUT_CHUNK_SIZE: usize = 64 * 1024;

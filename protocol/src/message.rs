@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
 
 use crate::handshake::SessionSecret;
 use crate::policy::{GuestInfo, GuestPolicy};
@@ -76,6 +77,12 @@ macro_rules! message_types {
                     $( MessageType::$name => $binary, )*
                 }
             }
+
+            /// `true` for the types whose payload carries a session secret ([`Ping`],
+            /// [`Rekey`]): I/O adapters zero their encoded bytes after use.
+            pub fn carries_secret(self) -> bool {
+                matches!(self, MessageType::Ping | MessageType::Rekey)
+            }
         }
     };
 }
@@ -91,6 +98,8 @@ message_types! {
     Ack = 0x04, false;
     /// Generic failure reply: code + message.
     Error = 0x05, false;
+    /// Host → guest: rotate the session secret, reseed the RNG, set the clock. Binary.
+    Rekey = 0x06, true;
     /// Host → guest: run a program.
     ExecRequest = 0x10, false;
     /// Guest → host: a piece of stdout/stderr. Binary.
@@ -168,6 +177,76 @@ pub struct Pong {
     pub info: GuestInfo,
 }
 
+/// Fewest entropy bytes a [`Rekey`] may carry.
+pub const REKEY_ENTROPY_MIN: usize = 32;
+/// Most entropy bytes a [`Rekey`] may carry.
+pub const REKEY_ENTROPY_MAX: usize = 256;
+
+/// Re-key an authenticated session (host → guest): rotate the session secret, reseed the
+/// guest's kernel RNG with host entropy and set the guest's wall clock. Answered by [`Ack`]
+/// or an [`ErrorResponse`].
+///
+/// Meant for VMs restored from a shared snapshot, whose clones all start with the same
+/// secret, the same RNG state and a stale clock. The guest reseeds and sets the clock
+/// *before* rotating the secret; if either fails it answers with an error and keeps the old
+/// secret. Afterwards new connections must present `secret`; connections that are already
+/// authenticated stay so. The secret is redacted and the entropy shown as its length in
+/// `Debug`; both are zeroed on drop.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Rekey {
+    /// Request id.
+    pub id: RequestId,
+    /// The new session secret.
+    pub secret: SessionSecret,
+    /// The host's wall-clock time (`CLOCK_REALTIME`), nanoseconds since the Unix epoch.
+    pub unix_time_ns: u64,
+    /// Host entropy for the guest RNG: [`REKEY_ENTROPY_MIN`]..=[`REKEY_ENTROPY_MAX`] bytes
+    /// (enforced on encode and decode).
+    pub entropy: Zeroizing<Vec<u8>>,
+}
+
+impl Rekey {
+    /// Builds a re-key request, refusing an entropy length outside
+    /// [`REKEY_ENTROPY_MIN`]..=[`REKEY_ENTROPY_MAX`].
+    pub fn new(
+        id: RequestId,
+        secret: SessionSecret,
+        unix_time_ns: u64,
+        entropy: Zeroizing<Vec<u8>>,
+    ) -> crate::Result<Self> {
+        check_rekey_entropy(entropy.len())
+            .map_err(|d| crate::ProtocolError::malformed("Rekey", Some(id), d))?;
+        Ok(Rekey {
+            id,
+            secret,
+            unix_time_ns,
+            entropy,
+        })
+    }
+}
+
+/// `Err(reason)` when `len` is not a valid [`Rekey::entropy`] length.
+pub(crate) fn check_rekey_entropy(len: usize) -> Result<(), String> {
+    if (REKEY_ENTROPY_MIN..=REKEY_ENTROPY_MAX).contains(&len) {
+        Ok(())
+    } else {
+        Err(format!(
+            "entropy must be {REKEY_ENTROPY_MIN}..={REKEY_ENTROPY_MAX} bytes, got {len}"
+        ))
+    }
+}
+
+impl fmt::Debug for Rekey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rekey")
+            .field("id", &self.id)
+            .field("secret", &self.secret)
+            .field("unix_time_ns", &self.unix_time_ns)
+            .field("entropy", &ByteLen(&self.entropy))
+            .finish()
+    }
+}
+
 /// What [`Shutdown`] should do after syncing filesystems.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -189,7 +268,7 @@ pub struct Shutdown {
     pub action: ShutdownAction,
 }
 
-/// Generic success reply (to `Shutdown`, `WriteFile`, `MkdirP`, `PtyOpen`).
+/// Generic success reply (to `Shutdown`, `Rekey`, `WriteFile`, `MkdirP`, `PtyOpen`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     /// Echoed request id.
@@ -738,6 +817,7 @@ pub enum Message {
     Shutdown(Shutdown),
     Ack(Ack),
     Error(ErrorResponse),
+    Rekey(Rekey),
     ExecRequest(ExecRequest),
     ExecOutputChunk(ExecOutputChunk),
     ExecResponse(ExecResponse),
@@ -765,6 +845,7 @@ macro_rules! for_each_variant {
             Message::Shutdown($m) => $body,
             Message::Ack($m) => $body,
             Message::Error($m) => $body,
+            Message::Rekey($m) => $body,
             Message::ExecRequest($m) => $body,
             Message::ExecOutputChunk($m) => $body,
             Message::ExecResponse($m) => $body,
@@ -800,6 +881,7 @@ impl Message {
             Message::Shutdown(_) => MessageType::Shutdown,
             Message::Ack(_) => MessageType::Ack,
             Message::Error(_) => MessageType::Error,
+            Message::Rekey(_) => MessageType::Rekey,
             Message::ExecRequest(_) => MessageType::ExecRequest,
             Message::ExecOutputChunk(_) => MessageType::ExecOutputChunk,
             Message::ExecResponse(_) => MessageType::ExecResponse,
@@ -873,6 +955,7 @@ impl_from!(
     Pong,
     Shutdown,
     Ack,
+    Rekey,
     ExecRequest,
     ExecOutputChunk,
     ExecResponse,

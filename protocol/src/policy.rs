@@ -48,6 +48,14 @@ pub struct GuestPolicy {
     pub allow_pty: Option<bool>,
 }
 
+/// [`GuestInfo::capabilities`] entry: the guest serves [`crate::Rekey`] in full — it reseeds
+/// its kernel RNG and sets its clock before rotating the secret (always so in a VM).
+pub const CAP_REKEY: &str = "rekey";
+
+/// [`GuestInfo::capabilities`] entry of a guest agent running as a host process for tests
+/// and configured so: [`crate::Rekey`] rotates the secret only (no RNG reseed, no clock).
+pub const CAP_REKEY_SECRET_ONLY: &str = "rekey_secret_only";
+
 /// Information the guest reports about itself in its [`crate::Pong`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -62,6 +70,6 @@ pub struct GuestInfo {
     pub cpus: Option<u32>,
     /// Total memory in KiB.
     pub mem_total_kb: Option<u64>,
-    /// Optional features the agent supports (e.g. `"pty"`, `"telemetry"`).
+    /// Optional features the agent supports (e.g. `"pty"`, `"telemetry"`, [`CAP_REKEY`]).
     pub capabilities: Vec<String>,
 }

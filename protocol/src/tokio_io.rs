@@ -13,6 +13,7 @@ use ::tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use ::tokio::sync::mpsc;
 use bytes::{Buf, BufMut, BytesMut};
 
+use crate::codec::{from_owned_frame, scrub_secret};
 use crate::error::{ProtocolError, Result};
 use crate::frame::{Frame, FrameHeader, HEADER_LEN};
 use crate::handshake::{accept_ping, check_pong, SessionSecret};
@@ -53,13 +54,20 @@ pub async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, frame: &Fram
 
 /// Reads and decodes one message; same contract as [`crate::blocking::read_message`].
 pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(r: &mut R) -> Result<Message> {
-    Message::from_frame(&read_frame(r).await?)
+    from_owned_frame(read_frame(r).await?)
 }
 
-/// Encodes and writes one message, then flushes.
+/// Encodes and writes one message, then flushes; same contract as
+/// [`crate::blocking::write_message`].
 pub async fn write_message<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, msg: &Message) -> Result<()> {
-    let buf = msg.encode()?;
-    w.write_all(&buf).await?;
+    let mut buf = msg.encode()?;
+    let written = write_all_flush(w, &buf).await;
+    scrub_secret(msg.message_type().as_u8(), &mut buf);
+    written
+}
+
+async fn write_all_flush<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, buf: &[u8]) -> Result<()> {
+    w.write_all(buf).await?;
     w.flush().await?;
     Ok(())
 }
@@ -174,14 +182,14 @@ impl tokio_util::codec::Decoder for MessageCodec {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Message>> {
         match FrameCodec.decode(src)? {
-            Some(f) => Message::from_frame(&f).map(Some),
+            Some(f) => from_owned_frame(f).map(Some),
             None => Ok(None),
         }
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Message>> {
         match FrameCodec.decode_eof(src)? {
-            Some(f) => Message::from_frame(&f).map(Some),
+            Some(f) => from_owned_frame(f).map(Some),
             None => Ok(None),
         }
     }
@@ -199,7 +207,9 @@ impl tokio_util::codec::Encoder<&Message> for MessageCodec {
     type Error = ProtocolError;
 
     fn encode(&mut self, msg: &Message, dst: &mut BytesMut) -> Result<()> {
-        dst.put_slice(&msg.encode()?);
+        let mut buf = msg.encode()?;
+        dst.put_slice(&buf);
+        scrub_secret(msg.message_type().as_u8(), &mut buf);
         Ok(())
     }
 }
@@ -419,10 +429,10 @@ impl<W: AsyncWrite + Unpin> Client<W> {
 
     /// Sends a message without registering a route (stdin, signals, resizes, chunks).
     pub async fn send(&self, msg: &Message) -> Result<()> {
-        let buf = msg.encode()?;
+        let mut buf = msg.encode()?;
         let mut w = self.writer.lock().await;
-        w.write_all(&buf).await?;
-        w.flush().await?;
-        Ok(())
+        let written = write_all_flush(&mut *w, &buf).await;
+        scrub_secret(msg.message_type().as_u8(), &mut buf);
+        written
     }
 }

@@ -133,7 +133,7 @@ fn truncated_payload() {
 
 #[test]
 fn unknown_type_is_recoverable_and_stream_stays_in_sync() {
-    for ty in [0x00u8, 0x06, 0x0f, 0x15, 0x26, 0x34, 0x42, 0xff] {
+    for ty in [0x00u8, 0x07, 0x0f, 0x15, 0x26, 0x34, 0x42, 0xff] {
         assert!(MessageType::from_u8(ty).is_none());
         let mut wire = frame(ty, b"whatever payload");
         wire.extend(Message::Ack(Ack { id: RequestId(3) }).encode().unwrap());
@@ -214,6 +214,7 @@ fn malformed_binary_payloads() {
     let fixed = [
         (MessageType::Ping, 8 + 4 + 32),
         (MessageType::Pong, 8 + 4),
+        (MessageType::Rekey, 8 + 32 + 8 + REKEY_ENTROPY_MIN),
         (MessageType::ExecOutputChunk, 8 + 1 + 8),
         (MessageType::ExecStdin, 8 + 1),
         (MessageType::FileChunk, 8 + 8 + 1),
@@ -249,6 +250,58 @@ fn malformed_binary_payloads() {
     ping.extend([7u8; 32]);
     ping.extend(b"{\"allowlist\":");
     malformed(MessageType::Ping, &ping);
+}
+
+#[test]
+fn rekey_entropy_length_is_bounded_on_decode_and_encode() {
+    let payload = |len: usize| {
+        let mut p = 42u64.to_le_bytes().to_vec();
+        p.extend([9u8; 32]);
+        p.extend(1_700_000_000_000_000_000u64.to_le_bytes());
+        p.extend(vec![0xeeu8; len]);
+        p
+    };
+    for len in [REKEY_ENTROPY_MIN, 64, REKEY_ENTROPY_MAX] {
+        let m = Message::decode_payload(MessageType::Rekey.as_u8(), &payload(len)).unwrap();
+        let Message::Rekey(r) = &m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(
+            (r.id, r.entropy.len(), r.unix_time_ns),
+            (RequestId(42), len, 1_700_000_000_000_000_000)
+        );
+        assert_eq!(r.secret, SessionSecret::from_bytes([9; 32]));
+        assert_eq!(m.encode_payload().unwrap(), payload(len));
+    }
+    for len in [0, 1, REKEY_ENTROPY_MIN - 1, REKEY_ENTROPY_MAX + 1, 4096] {
+        let err = malformed(MessageType::Rekey, &payload(len));
+        // The id is recovered so the guest can answer the request with an error.
+        assert_eq!(err.request_id(), Some(RequestId(42)), "{len}");
+        assert!(err.to_string().contains("entropy"), "{err}");
+        let bad = Rekey {
+            id: RequestId(42),
+            secret: SessionSecret::from_bytes([9; 32]),
+            unix_time_ns: 0,
+            entropy: Zeroizing::new(vec![0; len]),
+        };
+        assert!(matches!(
+            Rekey::new(bad.id, bad.secret.clone(), 0, bad.entropy.clone()),
+            Err(ProtocolError::Malformed { .. })
+        ));
+        let bad = Message::Rekey(bad);
+        assert!(matches!(
+            bad.encode(),
+            Err(ProtocolError::Malformed { ty: "Rekey", .. })
+        ));
+        let mut sink = Vec::new();
+        assert!(write_message(&mut sink, &bad).is_err());
+        assert!(sink.is_empty(), "nothing written for a refused Rekey");
+    }
+    // Truncated inside the secret or the clock: malformed with the id, never a panic.
+    for cut in [8, 20, 40, 47] {
+        let err = malformed(MessageType::Rekey, &payload(64)[..cut]);
+        assert_eq!(err.request_id(), Some(RequestId(42)));
+    }
 }
 
 #[test]

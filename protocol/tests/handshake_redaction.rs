@@ -161,11 +161,24 @@ fn secret_never_appears_in_debug() {
     let hex = s.to_hex();
     let ping = Message::Ping(Ping::new(s.clone(), Some(GuestPolicy::default())));
     let frame = ping.to_frame().unwrap();
+    let rekey = Message::Rekey(
+        Rekey::new(
+            RequestId(3),
+            s.clone(),
+            1_700_000_000_000_000_000,
+            Zeroizing::new(vec![0xab; 64]),
+        )
+        .unwrap(),
+    );
+    let rekey_frame = rekey.to_frame().unwrap();
     for text in [
         format!("{s:?}"),
         format!("{ping:?}"),
         format!("{ping:#?}"),
         format!("{frame:?}"),
+        format!("{rekey:?}"),
+        format!("{rekey:#?}"),
+        format!("{rekey_frame:?}"),
     ] {
         assert!(!text.contains(&hex), "{text}");
         assert!(!text.contains("171, 171"), "{text}"); // 0xab as decimal bytes
@@ -175,6 +188,11 @@ fn secret_never_appears_in_debug() {
         );
     }
     assert!(format!("{ping:?}").contains("<redacted>"));
+    let text = format!("{rekey:?}");
+    assert!(
+        text.contains("<redacted>") && text.contains("<64 bytes>") && text.contains("unix_time_ns"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn json_payloads_are_json_and_binary_ones_are_not() {
 
 #[test]
 fn exec_request_json_shape() {
-    let m = &common::samples::samples()[5];
+    let m = &common::samples::sample(MessageType::ExecRequest);
     let v: serde_json::Value = serde_json::from_slice(&m.encode_payload().unwrap()).unwrap();
     assert_eq!(v["id"], 4);
     assert_eq!(v["program"], "sh");

@@ -171,6 +171,44 @@ fn fan_out_example_merges_in_order_and_reports_validate() {
     assert_tmp_clean(dir.path());
 }
 
+/// The same pipeline gives the same output whether its VMs cold-boot or are restored from
+/// the golden snapshot (the other tests here use snapshots, the default).
+#[test]
+fn cold_boots_and_snapshot_restores_give_identical_outputs() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    let spec = repo_root().join("examples/fan-out.yaml");
+    let spec = spec.to_str().unwrap();
+    let warm = apply(dir.path(), &tag, &[spec, "--max-parallel", "3"]);
+    assert_eq!(warm.code, Some(0), "stderr:\n{}", warm.stderr);
+    let cold = apply(
+        dir.path(),
+        &tag,
+        &[spec, "--max-parallel", "3", "--no-snapshot"],
+    );
+    assert_eq!(cold.code, Some(0), "stderr:\n{}", cold.stderr);
+    assert_eq!(warm.stdout, cold.stdout);
+    assert_eq!(
+        serde_json::from_str::<Value>(&warm.stdout).unwrap(),
+        json!([9, "THE QUICK BROWN FOX\nJUMPS OVER THE LAZY DOG", 2])
+    );
+    assert!(
+        !cold.stderr.contains("snapshot"),
+        "--no-snapshot must not touch snapshots:\n{}",
+        cold.stderr
+    );
+    eprintln!(
+        "fan-out example: {:.1}s restored from snapshots, {:.1}s cold",
+        warm.took.as_secs_f64(),
+        cold.took.as_secs_f64()
+    );
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}
+
 #[test]
 fn fail_fast_cancels_a_sleeping_sibling_and_kills_its_vm() {
     if guest_image().is_none() {

@@ -14,6 +14,8 @@ pub const MAX_VCPUS: u8 = 16;
 pub const MAX_CMDLINE_LEN: usize = 2048;
 /// Longest caller-supplied command-line suffix.
 pub const MAX_CMDLINE_EXTRA_LEN: usize = 1024;
+/// Longest [`VmConfig::image_hash`].
+pub const MAX_IMAGE_HASH_LEN: usize = 256;
 
 /// Flags every guest gets.
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
@@ -61,6 +63,20 @@ pub struct VmConfig {
     /// Test hook: issue a syscall outside the seccomp filter right after installing it.
     #[serde(default)]
     pub test_forbidden_syscall: bool,
+    /// Identifies the guest image (kernel, initramfs, command line); recorded in a snapshot's
+    /// key on save and required to match on restore.
+    #[serde(default)]
+    pub image_hash: String,
+    /// Keep reading newline-delimited control commands (`{"snapshot":{"dir":…}}`) from the
+    /// config fd after the config line. Also allows the file syscalls a snapshot needs after
+    /// seccomp; the engine sets it only for golden-snapshot creator VMs, which never run user
+    /// workloads.
+    #[serde(default)]
+    pub snapshot_control: bool,
+    /// Restore from this snapshot directory instead of booting `kernel`/`initramfs` (which
+    /// are then not read).
+    #[serde(default)]
+    pub restore: Option<PathBuf>,
 }
 
 fn default_memory_mb() -> u32 {
@@ -97,6 +113,9 @@ pub enum ConfigError {
     /// A path is empty.
     #[error("{0} must not be empty")]
     EmptyPath(&'static str),
+    /// `image_hash` too long or not printable ASCII.
+    #[error("image_hash must be at most {MAX_IMAGE_HASH_LEN} printable ASCII characters")]
+    ImageHash,
 }
 
 impl VmConfig {
@@ -136,6 +155,18 @@ impl VmConfig {
         }
         if self.console_log.as_os_str().is_empty() {
             return Err(ConfigError::EmptyPath("console_log"));
+        }
+        if self.image_hash.len() > MAX_IMAGE_HASH_LEN
+            || !self.image_hash.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ConfigError::ImageHash);
+        }
+        if self
+            .restore
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConfigError::EmptyPath("restore"));
         }
         Ok(())
     }
@@ -223,6 +254,37 @@ mod tests {
             VmConfig::from_json("not json"),
             Err(ConfigError::Json(_))
         ));
+    }
+
+    #[test]
+    fn snapshot_fields() {
+        let c = cfg();
+        assert_eq!(c.image_hash, "");
+        assert!(!c.snapshot_control);
+        assert_eq!(c.restore, None);
+        let c = VmConfig::from_json(
+            r#"{"kernel":"/k","console_log":"/c","image_hash":"abc123",
+                "snapshot_control":true,"restore":"/snaps/x"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.image_hash, "abc123");
+        assert!(c.snapshot_control);
+        assert_eq!(c.restore.as_deref(), Some(std::path::Path::new("/snaps/x")));
+        // Round trip through serde (the engine serializes the struct).
+        let back = VmConfig::from_json(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        for bad in [
+            r#"{"kernel":"/k","console_log":"/c","restore":""}"#,
+            r#"{"kernel":"/k","console_log":"/c","image_hash":"a b"}"#,
+            r#"{"kernel":"/k","console_log":"/c","snapshot_control":"yes"}"#,
+        ] {
+            assert!(VmConfig::from_json(bad).is_err(), "{bad}");
+        }
+        let long = format!(
+            r#"{{"kernel":"/k","console_log":"/c","image_hash":"{}"}}"#,
+            "a".repeat(MAX_IMAGE_HASH_LEN + 1)
+        );
+        assert_eq!(VmConfig::from_json(&long), Err(ConfigError::ImageHash));
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub enum ExitCode {
     KvmUnavailable = 3,
     /// Building the VM failed (kernel/initramfs unreadable or invalid, memory, devices).
     Setup = 4,
+    /// The snapshot to restore was refused (unreadable, corrupt, taken of a different
+    /// configuration, or its state rejected by a device or KVM). No vCPU ran.
+    Snapshot = 5,
     /// The guest kernel panicked ("Kernel panic" on the console).
     KernelPanic = 10,
     /// The guest triple-faulted (KVM_EXIT_SHUTDOWN) without a preceding panic.
@@ -210,6 +213,7 @@ mod tests {
             ExitCode::Config,
             ExitCode::KvmUnavailable,
             ExitCode::Setup,
+            ExitCode::Snapshot,
             ExitCode::KernelPanic,
             ExitCode::TripleFault,
             ExitCode::EmulationFailure,
@@ -222,6 +226,7 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), all.len());
         assert_eq!(ExitCode::KvmUnavailable.code(), 3);
+        assert_eq!(ExitCode::Snapshot.code(), 5);
     }
 
     #[test]
@@ -265,4 +270,8 @@ pub enum VmEvent {
     PanicSeen,
     /// A virtio device was marked broken (device name, reason).
     DeviceBroken(String, String),
+    /// A command arrived on the control channel.
+    Control(crate::control::ControlCommand),
+    /// A control line was malformed or unknown (why).
+    ControlRejected(String),
 }

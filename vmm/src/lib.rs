@@ -1,8 +1,9 @@
 //! The voidbox virtual machine monitor.
 //!
 //! It owns one KVM micro-VM per process: guest memory, the 64-bit Linux boot protocol,
-//! vCPU threads, the serial console, virtio-mmio devices, the seccomp filter and (later)
-//! snapshot/restore. [`probe`] detects hosts whose KVM interprets guest kernel code.
+//! vCPU threads, the serial console, virtio-mmio devices, the seccomp filter and
+//! [`snapshot`]s (taken on request over the [`control`] channel, restored instead of a boot).
+//! [`probe`] detects hosts whose KVM interprets guest kernel code.
 //!
 //! The crate is a library plus the `voidbox-vmm` binary (one process per VM). Everything
 //! the guest controls (descriptor rings, packet headers, MMIO accesses) is treated as hostile:
@@ -11,6 +12,7 @@
 pub mod boot;
 pub mod bus;
 pub mod config;
+pub mod control;
 pub mod devices;
 pub mod exit;
 pub mod logger;

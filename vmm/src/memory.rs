@@ -1,6 +1,10 @@
-//! Guest memory: one anonymous region at guest-physical 0, below the 32-bit MMIO gap.
+//! Guest memory: one region at guest-physical 0, below the 32-bit MMIO gap; anonymous on a
+//! cold boot, a private (copy-on-write) mapping of the snapshot's memory file on restore.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use std::fs::File;
+
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 /// Start of the 32-bit MMIO gap; guest RAM must end at or below it.
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
@@ -43,6 +47,25 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMem, MemoryError> {
         .map_err(|e| MemoryError::Mmap(e.to_string()))
 }
 
+/// Maps `file` (exactly `size` bytes, checked by the caller) as guest RAM at guest-physical 0,
+/// `MAP_PRIVATE | MAP_NORESERVE`: pages are read lazily from the file and copied on the
+/// guest's first write; the file itself is never modified. `file` may be opened read-only.
+pub fn map_guest_memory_file(file: File, size: u64) -> Result<GuestMem, MemoryError> {
+    if size == 0 || size > MMIO_GAP_START {
+        return Err(MemoryError::TooLarge(size));
+    }
+    let len = usize::try_from(size).map_err(|_| MemoryError::TooLarge(size))?;
+    let region = MmapRegionBuilder::new(len)
+        .with_file_offset(FileOffset::new(file, 0))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+        .build()
+        .map_err(|e| MemoryError::Mmap(e.to_string()))?;
+    let region = GuestRegionMmap::new(region, GuestAddress(0))
+        .ok_or_else(|| MemoryError::Mmap("guest region overflows".into()))?;
+    GuestMemoryMmap::from_regions(vec![region]).map_err(|e| MemoryError::Mmap(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +77,30 @@ mod tests {
         assert_eq!(m.last_addr(), GuestAddress((16 << 20) - 1));
         assert!(create_guest_memory(MMIO_GAP_START + 4096).is_err());
         assert!(create_guest_memory(0).is_err());
+    }
+
+    #[test]
+    fn file_mapping_is_private() {
+        use std::io::Write;
+        use vm_memory::Bytes;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("mem");
+        let mut f = File::create(&p).unwrap();
+        f.write_all(b"from file").unwrap();
+        f.set_len(1 << 20).unwrap();
+        drop(f);
+        let m = map_guest_memory_file(File::open(&p).unwrap(), 1 << 20).unwrap();
+        let mut b = [0u8; 9];
+        m.read_slice(&mut b, GuestAddress(0)).unwrap();
+        assert_eq!(&b, b"from file");
+        m.write_slice(b"guest", GuestAddress(0)).unwrap();
+        m.write_slice(b"tail", GuestAddress((1 << 20) - 4)).unwrap();
+        m.read_slice(&mut b[..5], GuestAddress(0)).unwrap();
+        assert_eq!(&b[..5], b"guest");
+        // The file is untouched.
+        let on_disk = std::fs::read(&p).unwrap();
+        assert_eq!(&on_disk[..9], b"from file");
+        assert_eq!(&on_disk[(1 << 20) - 4..], &[0; 4]);
+        assert!(map_guest_memory_file(File::open(&p).unwrap(), 0).is_err());
     }
 }

@@ -1,22 +1,23 @@
 //! The VMM process entry point ([`main_with_args`]), shared by the `voidbox-vmm` binary and
 //! the engine's hidden `voidbox __vmm` mode (so an installed `voidbox` is self-contained).
 //!
-//! Reads a JSON [`VmConfig`] from `--config-fd` (default: stdin) until EOF, reports progress
-//! as JSON lines on `--status-fd` (default: stdout) and exits with a code from
-//! [`ExitCode`] (see `vmm/README.md`).
+//! Reads a JSON [`VmConfig`] as the first line of `--config-fd` (default: stdin; up to `\n`
+//! or EOF), reports progress as JSON lines on `--status-fd` (default: stdout) and exits with
+//! a code from [`ExitCode`] (see `vmm/README.md`). With `snapshot_control`, the rest of the
+//! config fd is the control channel ([`crate::control`]).
 
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::io::FromRawFd;
 use std::time::{Duration, Instant};
 
 use crate::config::VmConfig;
+use crate::control::{Line, LineReader};
 use crate::exit::ExitCode;
 use crate::status::StatusWriter;
 use crate::vm::{Deadlines, Vm};
 use serde_json::json;
 
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
+const MAX_CONFIG_BYTES: usize = 1 << 20;
 
 struct Args {
     config_fd: i32,
@@ -160,7 +161,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
         finish(&status, ExitCode::Internal, "prctl_failed", Some(e), vec![]);
     }
 
-    let Some(mut cfg_file) = take_fd(args.config_fd) else {
+    let Some(cfg_file) = take_fd(args.config_fd) else {
         finish(
             &status,
             ExitCode::Config,
@@ -169,21 +170,34 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         );
     };
-    let mut text = String::new();
-    if let Err(e) = cfg_file
-        .by_ref()
-        .take(MAX_CONFIG_BYTES)
-        .read_to_string(&mut text)
-    {
-        finish(
+    let mut reader = LineReader::new(cfg_file);
+    let text = match reader.read_line(MAX_CONFIG_BYTES) {
+        Ok(Line::Text(t)) => match String::from_utf8(t) {
+            Ok(t) => t,
+            Err(_) => finish(
+                &status,
+                ExitCode::Config,
+                "config_error",
+                Some("config is not UTF-8".into()),
+                vec![],
+            ),
+        },
+        Ok(Line::Eof) => String::new(),
+        Ok(Line::TooLong) => finish(
+            &status,
+            ExitCode::Config,
+            "config_error",
+            Some(format!("config line longer than {MAX_CONFIG_BYTES} bytes")),
+            vec![],
+        ),
+        Err(e) => finish(
             &status,
             ExitCode::Config,
             "config_error",
             Some(format!("reading config: {e}")),
             vec![],
-        );
-    }
-    drop(cfg_file);
+        ),
+    };
     let cfg = match VmConfig::from_json(&text) {
         Ok(c) => c,
         Err(e) => finish(
@@ -194,7 +208,13 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         ),
     };
-    close_other_fds(&[args.status_fd]);
+    // Without a control channel the config fd is done with (the engine may keep its end open).
+    let control = cfg.snapshot_control.then_some(reader);
+    let mut keep = vec![args.status_fd];
+    if control.is_some() {
+        keep.push(args.config_fd);
+    }
+    close_other_fds(&keep);
     // SAFETY: getpid has no preconditions.
     status.emit(&json!({"event": "started", "pid": unsafe { libc::getpid() }}));
 
@@ -205,17 +225,25 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             let reason = match code {
                 ExitCode::KvmUnavailable => "kvm_unavailable",
                 ExitCode::Config => "config_error",
+                ExitCode::Snapshot => "snapshot_refused",
                 _ => "setup_error",
             };
             finish(&status, code, reason, Some(e.to_string()), vec![]);
         }
     };
+    if let Some(r) = vm.restored {
+        status.emit(&json!({
+            "event": "restored",
+            "restore_us": r.restore.as_micros() as u64,
+            "verify_us": r.verify.as_micros() as u64,
+        }));
+    }
     status.emit(&json!({
         "event": "configured",
         "setup_us": vm.setup_time.as_micros() as u64,
         "cmdline_len": vm.cmdline.len(),
     }));
-    let running = match vm.spawn() {
+    let running = match vm.spawn(control) {
         Ok(r) => r,
         Err(e) => finish(
             &status,
@@ -225,7 +253,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         ),
     };
-    if let Err(e) = crate::seccomp::install() {
+    if let Err(e) = crate::seccomp::install(cfg.snapshot_control) {
         finish(
             &status,
             ExitCode::Setup,

@@ -3,6 +3,12 @@
 //! Once the VM is built, the VMM only needs: KVM_RUN (and KVM_GET_REGS for fault reports),
 //! reads/writes on eventfds, sockets, the console log and stdout, epoll, accept4, memory
 //! management for the allocator (never executable), futexes, signals for vCPU kicks, and exit.
+//!
+//! A VMM started with `snapshot_control` may also write snapshots after the filter is in
+//! place: it additionally gets the KVM_GET_* ioctls of snapshot capture and the file syscalls
+//! of [`crate::snapshot::format::save`] ([`SNAPSHOT_SYSCALLS`]). The engine sets
+//! `snapshot_control` only for golden-snapshot creator VMs, which never run user workloads.
+//! Restoring needs nothing extra: the memory file is mapped before the filter is installed.
 
 use std::collections::BTreeMap;
 use std::convert::TryInto;
@@ -73,18 +79,82 @@ pub const PLAIN_SYSCALLS: &[i64] = &[
     libc::SYS_exit_group,
 ];
 
-/// Builds the BPF program.
-pub fn build_filter() -> Result<BpfProgram, SeccompError> {
+/// File syscalls a snapshot save makes (create the directory, write, fsync and rename the
+/// files, stat them), allowed only with `snapshot_control`.
+pub const SNAPSHOT_SYSCALLS: &[i64] = &[
+    libc::SYS_open,
+    libc::SYS_openat,
+    libc::SYS_mkdir,
+    libc::SYS_mkdirat,
+    libc::SYS_ftruncate,
+    libc::SYS_pwrite64,
+    libc::SYS_lseek,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+];
+
+fn kvm_ioctl<T>(dir: u32, nr: u32) -> u64 {
+    use vmm_sys_util::ioctl::ioctl_expr;
+    ioctl_expr(
+        dir,
+        kvm_bindings::KVMIO,
+        nr,
+        std::mem::size_of::<T>() as u32,
+    ) as u64
+}
+
+/// The KVM_GET_* ioctls of snapshot capture (vCPU and VM state), allowed only with
+/// `snapshot_control`.
+pub fn snapshot_ioctls() -> Vec<u64> {
+    use kvm_bindings::*;
+    use vmm_sys_util::ioctl::{_IOC_READ, _IOC_WRITE};
+    let r = _IOC_READ;
+    let rw = _IOC_READ | _IOC_WRITE;
+    vec![
+        kvm_ioctl::<kvm_cpuid2>(rw, 0x91),     // KVM_GET_CPUID2
+        kvm_ioctl::<kvm_mp_state>(r, 0x98),    // KVM_GET_MP_STATE
+        kvm_ioctl::<kvm_sregs>(r, 0x83),       // KVM_GET_SREGS
+        kvm_ioctl::<kvm_xsave>(r, 0xa4),       // KVM_GET_XSAVE
+        kvm_ioctl::<kvm_xcrs>(r, 0xa6),        // KVM_GET_XCRS
+        kvm_ioctl::<kvm_debugregs>(r, 0xa1),   // KVM_GET_DEBUGREGS
+        kvm_ioctl::<kvm_lapic_state>(r, 0x8e), // KVM_GET_LAPIC
+        kvm_ioctl::<kvm_msrs>(rw, 0x88),       // KVM_GET_MSRS
+        kvm_ioctl::<kvm_vcpu_events>(r, 0x9f), // KVM_GET_VCPU_EVENTS
+        kvm_ioctl::<kvm_irqchip>(rw, 0x62),    // KVM_GET_IRQCHIP
+        kvm_ioctl::<kvm_pit_state2>(r, 0x9f),  // KVM_GET_PIT2
+        kvm_ioctl::<kvm_clock_data>(r, 0x7c),  // KVM_GET_CLOCK
+    ]
+}
+
+/// Builds the BPF program; `snapshot` adds [`SNAPSHOT_SYSCALLS`] and [`snapshot_ioctls`].
+pub fn build_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for &nr in PLAIN_SYSCALLS {
         rules.insert(nr, vec![]);
     }
+    let mut ioctls = vec![KVM_RUN, kvm_get_regs()];
+    if snapshot {
+        for &nr in SNAPSHOT_SYSCALLS {
+            rules.insert(nr, vec![]);
+        }
+        ioctls.extend(snapshot_ioctls());
+    }
     rules.insert(
         libc::SYS_ioctl,
-        vec![
-            rule(vec![cond(1, SeccompCmpOp::Eq, KVM_RUN)?])?,
-            rule(vec![cond(1, SeccompCmpOp::Eq, kvm_get_regs())?])?,
-        ],
+        ioctls
+            .into_iter()
+            .map(|nr| rule(vec![cond(1, SeccompCmpOp::Eq, nr)?]))
+            .collect::<Result<Vec<_>, _>>()?,
     );
     // fcntl(F_GETFD) only: std checks descriptors are open when dropping them.
     rules.insert(
@@ -121,9 +191,10 @@ pub fn build_filter() -> Result<BpfProgram, SeccompError> {
         .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))
 }
 
-/// Installs the filter on every thread of the process (requires no_new_privs).
-pub fn install() -> Result<(), SeccompError> {
-    let prog = build_filter()?;
+/// Installs the filter on every thread of the process (requires no_new_privs); `snapshot`
+/// as for [`build_filter`].
+pub fn install(snapshot: bool) -> Result<(), SeccompError> {
+    let prog = build_filter(snapshot)?;
     apply_filter_all_threads(&prog).map_err(|e| SeccompError::Install(e.to_string()))
 }
 
@@ -133,9 +204,42 @@ mod tests {
 
     #[test]
     fn filter_builds() {
-        let p = build_filter().unwrap();
+        let p = build_filter(false).unwrap();
         assert!(!p.is_empty());
         assert_eq!(kvm_get_regs(), 0x8090_ae81);
+        let s = build_filter(true).unwrap();
+        assert!(s.len() > p.len());
+    }
+
+    #[test]
+    fn snapshot_ioctl_numbers() {
+        let n = snapshot_ioctls();
+        // Values from <linux/kvm.h> on x86-64.
+        for want in [
+            0xc008_ae91u64, // KVM_GET_CPUID2
+            0x8004_ae98,    // KVM_GET_MP_STATE
+            0x8138_ae83,    // KVM_GET_SREGS
+            0x9000_aea4,    // KVM_GET_XSAVE
+            0x8188_aea6,    // KVM_GET_XCRS
+            0x8080_aea1,    // KVM_GET_DEBUGREGS
+            0x8400_ae8e,    // KVM_GET_LAPIC
+            0xc008_ae88,    // KVM_GET_MSRS
+            0x8040_ae9f,    // KVM_GET_VCPU_EVENTS
+            0xc208_ae62,    // KVM_GET_IRQCHIP
+            0x8070_ae9f,    // KVM_GET_PIT2
+            0x8030_ae7c,    // KVM_GET_CLOCK
+        ] {
+            assert!(n.contains(&want), "{want:#x} missing");
+        }
+        // None of them sets state.
+        assert!(!n.contains(&KVM_RUN));
+    }
+
+    #[test]
+    fn file_syscalls_only_with_snapshot_control() {
+        for nr in SNAPSHOT_SYSCALLS {
+            assert!(!PLAIN_SYSCALLS.contains(nr));
+        }
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! vCPU setup for 64-bit Linux entry (CPUID, MSRs, registers, segments, paging, FPU, LAPIC)
-//! and the run loop that dispatches exits.
+//! and the run loop that dispatches exits and pauses for snapshots ([`VcpuCommand`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Barrier};
 
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_run, CpuId, Msrs};
@@ -13,6 +13,7 @@ use vm_memory::GuestAddress;
 use crate::boot::{gdt, BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, ZERO_PAGE_START};
 use crate::bus::Bus;
 use crate::exit::{Outcome, VmEvent};
+use crate::snapshot::vcpu::{VcpuCaps, VcpuState};
 
 /// Errors configuring a vCPU.
 #[derive(Debug, thiserror::Error)]
@@ -229,9 +230,84 @@ pub fn install_kick_handler() -> std::io::Result<()> {
 
 enum Action {
     Continue,
+    /// KVM_RUN returned EINTR/EAGAIN (a kick, or immediate_exit was set).
+    Interrupted,
     Stop(Outcome),
     InternalError,
     Shutdown,
+}
+
+/// Most KVM_RUN rounds a pause may take to complete pending (string) I/O.
+const MAX_PAUSE_ROUNDS: u32 = 1024;
+
+/// A request from the main thread to a vCPU thread (sent before kicking the thread).
+#[derive(Debug)]
+pub enum VcpuCommand {
+    /// Leave KVM_RUN, complete any pending I/O exit, capture the vCPU state, send it on the
+    /// given channel, then wait for [`VcpuCommand::Resume`].
+    Pause(Sender<PauseReply>),
+    /// Continue running after a pause.
+    Resume,
+}
+
+/// A vCPU's answer to [`VcpuCommand::Pause`].
+#[derive(Debug)]
+pub struct PauseReply {
+    /// vCPU index.
+    pub id: u8,
+    /// The captured state, or why the vCPU could not pause.
+    pub state: Result<VcpuState, String>,
+}
+
+/// Dispatches the result of one KVM_RUN.
+fn dispatch(
+    id: u8,
+    pio: &Bus,
+    mmio: &Bus,
+    result: Result<VcpuExit<'_>, kvm_ioctls::Error>,
+) -> Action {
+    match result {
+        Ok(exit) => match exit {
+            VcpuExit::IoIn(port, data) => {
+                pio.read(u64::from(port), data);
+                Action::Continue
+            }
+            VcpuExit::IoOut(port, data) => {
+                pio.write(u64::from(port), data);
+                Action::Continue
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                mmio.read(addr, data);
+                Action::Continue
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                mmio.write(addr, data);
+                Action::Continue
+            }
+            VcpuExit::Hlt => Action::Stop(Outcome::GuestHalted),
+            VcpuExit::Shutdown => Action::Shutdown,
+            VcpuExit::FailEntry(reason, _cpu) => {
+                Action::Stop(Outcome::FailEntry { vcpu: id, reason })
+            }
+            VcpuExit::InternalError => Action::InternalError,
+            VcpuExit::SystemEvent(ty, _) => match ty {
+                kvm_bindings::KVM_SYSTEM_EVENT_RESET => Action::Stop(Outcome::GuestReset),
+                kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => Action::Stop(Outcome::GuestHalted),
+                kvm_bindings::KVM_SYSTEM_EVENT_CRASH => Action::Stop(Outcome::KernelPanic),
+                other => Action::Stop(Outcome::UnexpectedExit {
+                    vcpu: id,
+                    what: format!("system event {other}"),
+                }),
+            },
+            VcpuExit::Intr | VcpuExit::IrqWindowOpen => Action::Continue,
+            other => Action::Stop(Outcome::UnexpectedExit {
+                vcpu: id,
+                what: format!("{other:?}"),
+            }),
+        },
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Action::Interrupted,
+        Err(e) => Action::Stop(Outcome::Internal(format!("vcpu {id}: KVM_RUN failed: {e}"))),
+    }
 }
 
 /// A vCPU thread's state.
@@ -248,6 +324,10 @@ pub struct VcpuRunner {
     pub events: Sender<VmEvent>,
     /// Set to stop the loop (together with a kick).
     pub stop: Arc<AtomicBool>,
+    /// Pause/resume requests (each followed by a kick).
+    pub commands: Receiver<VcpuCommand>,
+    /// What snapshot capture needs to know about the host.
+    pub caps: Arc<VcpuCaps>,
 }
 
 impl VcpuRunner {
@@ -265,72 +345,90 @@ impl VcpuRunner {
         }
     }
 
+    /// One KVM_RUN and its dispatch.
+    fn run_once(&mut self) -> Action {
+        let result = self.fd.run();
+        dispatch(self.id, &self.pio, &self.mmio, result)
+    }
+
+    /// The outcome an action ends the loop with, if any.
+    fn outcome(&mut self, action: Action) -> Option<Outcome> {
+        match action {
+            Action::Continue | Action::Interrupted => None,
+            Action::Stop(o) => Some(o),
+            Action::Shutdown => Some(Outcome::TripleFault {
+                vcpu: self.id,
+                rip: self.fd.get_regs().ok().map(|r| r.rip),
+            }),
+            Action::InternalError => Some(self.internal_error()),
+        }
+    }
+
     fn run_loop(&mut self) -> Option<Outcome> {
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return None;
             }
-            let action = match self.fd.run() {
-                Ok(exit) => match exit {
-                    VcpuExit::IoIn(port, data) => {
-                        self.pio.read(u64::from(port), data);
-                        Action::Continue
-                    }
-                    VcpuExit::IoOut(port, data) => {
-                        self.pio.write(u64::from(port), data);
-                        Action::Continue
-                    }
-                    VcpuExit::MmioRead(addr, data) => {
-                        self.mmio.read(addr, data);
-                        Action::Continue
-                    }
-                    VcpuExit::MmioWrite(addr, data) => {
-                        self.mmio.write(addr, data);
-                        Action::Continue
-                    }
-                    VcpuExit::Hlt => Action::Stop(Outcome::GuestHalted),
-                    VcpuExit::Shutdown => Action::Shutdown,
-                    VcpuExit::FailEntry(reason, _cpu) => Action::Stop(Outcome::FailEntry {
-                        vcpu: self.id,
-                        reason,
-                    }),
-                    VcpuExit::InternalError => Action::InternalError,
-                    VcpuExit::SystemEvent(ty, _) => match ty {
-                        kvm_bindings::KVM_SYSTEM_EVENT_RESET => Action::Stop(Outcome::GuestReset),
-                        kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => {
-                            Action::Stop(Outcome::GuestHalted)
-                        }
-                        kvm_bindings::KVM_SYSTEM_EVENT_CRASH => Action::Stop(Outcome::KernelPanic),
-                        other => Action::Stop(Outcome::UnexpectedExit {
-                            vcpu: self.id,
-                            what: format!("system event {other}"),
-                        }),
-                    },
-                    VcpuExit::Intr | VcpuExit::IrqWindowOpen => Action::Continue,
-                    other => Action::Stop(Outcome::UnexpectedExit {
-                        vcpu: self.id,
-                        what: format!("{other:?}"),
-                    }),
-                },
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    self.fd.set_kvm_immediate_exit(0);
-                    Action::Continue
+            // Commands are sent before the kick, so after any EINTR this sees them (even when
+            // the kick landed while immediate_exit was being reset).
+            if let Ok(VcpuCommand::Pause(reply)) = self.commands.try_recv() {
+                if let Some(o) = self.pause(reply) {
+                    return Some(o);
                 }
-                Err(e) => Action::Stop(Outcome::Internal(format!(
-                    "vcpu {}: KVM_RUN failed: {e}",
-                    self.id
-                ))),
-            };
-            match action {
+                continue;
+            }
+            match self.run_once() {
                 Action::Continue => {}
-                Action::Stop(o) => return Some(o),
-                Action::Shutdown => {
-                    return Some(Outcome::TripleFault {
-                        vcpu: self.id,
-                        rip: self.fd.get_regs().ok().map(|r| r.rip),
-                    })
+                Action::Interrupted => self.fd.set_kvm_immediate_exit(0),
+                other => return self.outcome(other),
+            }
+        }
+    }
+
+    /// Pauses: completes a pending I/O exit (KVM_RUN with immediate_exit=1 finishes the
+    /// emulation of the instruction that exited, then returns EINTR without entering the
+    /// guest), captures the state, replies, and waits for [`VcpuCommand::Resume`]. Returns
+    /// an outcome when the VM stopped instead.
+    fn pause(&mut self, reply: Sender<PauseReply>) -> Option<Outcome> {
+        let id = self.id;
+        let mut rounds = 0;
+        loop {
+            self.fd.set_kvm_immediate_exit(1);
+            match self.run_once() {
+                Action::Interrupted => break,
+                Action::Continue if rounds < MAX_PAUSE_ROUNDS => rounds += 1,
+                Action::Continue => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    let _ = reply.send(PauseReply {
+                        id,
+                        state: Err(format!("vCPU {id}: pending I/O did not complete")),
+                    });
+                    return None;
                 }
-                Action::InternalError => return Some(self.internal_error()),
+                other => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    let _ = reply.send(PauseReply {
+                        id,
+                        state: Err(format!("vCPU {id} stopped while pausing")),
+                    });
+                    return self.outcome(other);
+                }
+            }
+        }
+        self.fd.set_kvm_immediate_exit(0);
+        let state =
+            VcpuState::capture(&self.fd, u32::from(id), &self.caps).map_err(|e| e.to_string());
+        let _ = reply.send(PauseReply { id, state });
+        drop(reply);
+        loop {
+            match self.commands.recv() {
+                Ok(VcpuCommand::Resume) | Err(_) => return None,
+                Ok(VcpuCommand::Pause(again)) => {
+                    let _ = again.send(PauseReply {
+                        id,
+                        state: Err(format!("vCPU {id} is already paused")),
+                    });
+                }
             }
         }
     }

@@ -65,6 +65,8 @@ pub struct ApplyOptions {
     pub logs_dir: Option<PathBuf>,
     /// First retry delay.
     pub retry_base: Duration,
+    /// Restore VMs from golden snapshots (`false`: `--no-snapshot`, every VM cold-boots).
+    pub snapshots: bool,
 }
 
 impl Default for ApplyOptions {
@@ -78,6 +80,7 @@ impl Default for ApplyOptions {
             boot_timeout: Duration::from_secs(300),
             logs_dir: None,
             retry_base: Duration::from_secs(1),
+            snapshots: true,
         }
     }
 }
@@ -170,6 +173,28 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 3;
         }
     };
+    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
+        Arc::new(Bars::new())
+    } else {
+        Arc::new(Plain)
+    };
+    let notice_to = progress.clone();
+    let snapshots = match crate::snapshot::Snapshots::new(
+        opts.snapshots,
+        crate::snapshot::CreateOptions {
+            launcher: VmmLauncher::default(),
+            boot_timeout: opts.boot_timeout,
+            runtime_dir: Some(runtime_dir.path().to_path_buf()),
+        },
+        plan.spec_dir.clone(),
+        Arc::new(move |m: &str| notice_to.notice(m)),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     let exec = Arc::new(vm::VmExecutor {
         image,
         launcher: VmmLauncher::default(),
@@ -178,12 +203,8 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         runtime_dir: Some(runtime_dir.path().to_path_buf()),
         spec_dir: plan.spec_dir.clone(),
         kill_children_on_abort: true,
+        snapshots,
     });
-    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
-        Arc::new(Bars::new())
-    } else {
-        Arc::new(Plain)
-    };
     let sched = SchedOptions {
         max_parallel: opts
             .max_parallel

@@ -19,6 +19,10 @@ pub trait Progress: Send + Sync {
     fn event(&self, plan: &Plan, ev: &Event, record: Option<&NodeRecord>);
     /// The run is over (clear bars).
     fn finish(&self) {}
+    /// A one-line notice (snapshot created, cold-boot fallback) on stderr.
+    fn notice(&self, msg: &str) {
+        eprintln!("voidbox: {msg}");
+    }
 }
 
 /// No progress output.
@@ -103,6 +107,10 @@ impl Default for Bars {
 }
 
 impl Progress for Bars {
+    fn notice(&self, msg: &str) {
+        let _ = self.multi.println(format!("voidbox: {msg}"));
+    }
+
     fn event(&self, plan: &Plan, ev: &Event, record: Option<&NodeRecord>) {
         let mut bars = self.bars.lock().unwrap_or_else(|e| e.into_inner());
         match ev {

@@ -23,8 +23,6 @@ fn unsupported(sb: &NodeSandbox) -> Option<&'static str> {
         Some("`mounts` (host directories are not shared into the VM yet)")
     } else if sb.image.is_some() {
         Some("an OCI root filesystem `image` (OCI images are not supported yet)")
-    } else if sb.snapshot.is_some() {
-        Some("a `snapshot` (snapshot restore is not supported yet)")
     } else if sb.kernel.is_some() || sb.initramfs.is_some() {
         Some("a custom `kernel`/`initramfs` (only the built-in guest image boots)")
     } else {
@@ -53,6 +51,6 @@ mod tests {
         let e = check_supported(&plan("{mounts: [{host: /, guest: /mnt}]}")).expect_err("mounts");
         assert!(e.contains("`mounts`"), "{e}");
         assert!(check_supported(&plan("{image: 'alpine:3.20'}")).is_err());
-        assert!(check_supported(&plan("{snapshot: abc}")).is_err());
+        assert!(check_supported(&plan("{snapshot: abc}")).is_ok());
     }
 }

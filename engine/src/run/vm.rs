@@ -36,6 +36,8 @@ pub struct VmExecutor {
     pub spec_dir: PathBuf,
     /// On abort, kill every VMM child of this process (the CLI owns all of them).
     pub kill_children_on_abort: bool,
+    /// Golden snapshot policy (restore instead of cold boot).
+    pub snapshots: crate::snapshot::Snapshots,
 }
 
 impl Executor for VmExecutor {
@@ -91,7 +93,8 @@ impl VmExecutor {
             Err(e) => return Attempt::failed(Status::Failed, e),
         };
         let boot_t0 = Instant::now();
-        let mut sb = match Sandbox::start(&self.config(job, console)) {
+        let named = job.node.sandbox.snapshot.as_deref();
+        let mut sb = match self.snapshots.start(&self.config(job, console), named) {
             Ok(sb) => sb,
             Err(e) => return sandbox_failure(e),
         };

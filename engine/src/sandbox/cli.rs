@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
-use super::{check_kvm, GuestImage, Sandbox, SandboxConfig, SandboxError};
+use super::{check_kvm, GuestImage, SandboxConfig, SandboxError};
 use crate::image::ProgressMode;
 
 /// `voidbox run` arguments.
@@ -39,6 +39,9 @@ pub struct RunArgs {
     /// that interprets guest kernel code, longer when several VMs boot at once).
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub boot_timeout: u64,
+    /// Cold-boot the VM instead of restoring it from the golden snapshot.
+    #[arg(long)]
+    pub no_snapshot: bool,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -98,7 +101,18 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         timeout_secs: args.timeout,
         ..ExecRequest::default()
     };
-    let started = Sandbox::start(&cfg);
+    let snapshots = crate::snapshot::Snapshots::new(
+        !args.no_snapshot,
+        crate::snapshot::CreateOptions {
+            launcher: cfg.launcher.clone(),
+            boot_timeout: cfg.boot_timeout,
+            runtime_dir: None,
+        },
+        PathBuf::from("."),
+        std::sync::Arc::new(|m: &str| eprintln!("voidbox: {m}")),
+    )
+    .map_err(SandboxError::Environment)?;
+    let started = snapshots.start(&cfg, None);
     if let Some(p) = &cfg.keep_console {
         eprintln!("voidbox: guest console log kept at {}", p.display());
     }

@@ -104,6 +104,13 @@ pub enum SandboxError {
         /// How the VMM ended.
         exit: Box<VmmExit>,
     },
+    /// The VMM refused to restore a snapshot (corrupt, mismatched or unreadable); no vCPU
+    /// ran.
+    #[error("snapshot refused: {0}")]
+    SnapshotRefused(String),
+    /// The VMM could not write a requested snapshot (the guest kept running).
+    #[error("writing the snapshot failed: {0}")]
+    SnapshotFailed(String),
     /// The guest agent refused the session secret.
     #[error("the guest agent refused the session secret")]
     AuthRejected,

@@ -6,13 +6,14 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
+use voidbox_protocol::handshake::check_pong;
 use voidbox_protocol::{
-    ExecRequest, ExecResponse, GuestPolicy, Message, OutputStream, Ping, Pong, ProtocolError,
-    ReadFile, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction, WriteFile,
-    FILE_CHUNK_SIZE,
+    ErrorCode, ExecRequest, ExecResponse, GuestPolicy, Message, OutputStream, Ping, Pong,
+    ProtocolError, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction,
+    WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
 };
 
 use super::error::SandboxError;
@@ -21,6 +22,8 @@ use super::error::SandboxError;
 pub const AGENT_PORT: u32 = 1234;
 /// Messages for unknown request ids tolerated per exchange before giving up.
 const MAX_STRAY_MESSAGES: usize = 1024;
+/// Bytes of host entropy a [`GuestConn::rekey`] sends to reseed the guest RNG.
+pub const REKEY_ENTROPY_LEN: usize = 64;
 
 /// One `CONNECT` attempt on the VMM's hybrid-vsock socket. `Ok(None)`: the guest is not
 /// listening yet (or the socket does not exist yet) — retry.
@@ -162,6 +165,85 @@ impl GuestConn {
         }
     }
 
+    /// Re-keys the session (for VMs restored from a shared snapshot, whose clones share the
+    /// secret, the RNG state and a stale clock): sends `Rekey` with `new_secret`,
+    /// [`REKEY_ENTROPY_LEN`] bytes of host entropy and the host's current time, and waits for
+    /// the `Ack` — the guest acknowledges only after reseeding its RNG and setting its clock,
+    /// and only then rotates the secret. It then re-authenticates this connection with a
+    /// `Ping` under `new_secret` carrying `policy` (which can only narrow the guest's policy)
+    /// and returns its `Pong`, whose capabilities must confirm a full re-key
+    /// ([`CAP_REKEY`]). Every reply is awaited for at most `timeout`.
+    ///
+    /// Errors: the guest's refusal is [`SandboxError::Guest`] (the old secret is then still
+    /// valid); a refused `Ping` is [`SandboxError::AuthRejected`]; a guest that rotated the
+    /// secret without reseeding and setting the clock is [`SandboxError::Guest`] with
+    /// [`ErrorCode::Unsupported`]; no answer is [`SandboxError::Timeout`].
+    pub fn rekey(
+        &mut self,
+        new_secret: &SessionSecret,
+        policy: Option<GuestPolicy>,
+        timeout: Duration,
+    ) -> Result<Pong, SandboxError> {
+        let entropy = host_entropy()?;
+        self.set_timeout(Some(timeout))?;
+        let result = self.rekey_exchange(new_secret, entropy, policy, timeout);
+        self.set_timeout(None)?;
+        result
+    }
+
+    fn rekey_exchange(
+        &mut self,
+        new_secret: &SessionSecret,
+        entropy: Zeroizing<Vec<u8>>,
+        policy: Option<GuestPolicy>,
+        timeout: Duration,
+    ) -> Result<Pong, SandboxError> {
+        let in_time = |r: Result<Message, SandboxError>| match r {
+            Err(SandboxError::Timeout(w, _)) => Err(SandboxError::Timeout(w, timeout)),
+            r => r,
+        };
+        let id = self.ids.next_id();
+        let rekey = Rekey::new(id, new_secret.clone(), unix_time_ns()?, entropy)
+            .map_err(|e| protocol("rekey", e))?;
+        self.send("rekey", &Message::Rekey(rekey))?;
+        match in_time(self.recv_for("rekey", id))? {
+            Message::Ack(_) => {}
+            Message::Error(e) => {
+                return Err(SandboxError::Guest {
+                    what: "rekey".into(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            other => return Err(unexpected("rekey", "Ack", other)),
+        }
+        let id = self.ids.next_id();
+        let mut ping = Ping::new(new_secret.clone(), policy);
+        ping.id = id;
+        self.send("rekey ping", &Message::Ping(ping))?;
+        let pong = check_pong(in_time(self.recv_for("rekey ping", id))?).map_err(|e| match e {
+            ProtocolError::AuthFailed => SandboxError::AuthRejected,
+            ProtocolError::Remote { code, message } => SandboxError::Guest {
+                what: "rekey ping".into(),
+                code,
+                message,
+            },
+            e => protocol("rekey ping", e),
+        })?;
+        if !pong.info.capabilities.iter().any(|c| c == CAP_REKEY) {
+            return Err(SandboxError::Guest {
+                what: "rekey".into(),
+                code: ErrorCode::Unsupported,
+                message: format!(
+                    "the guest rotated its secret without confirming an RNG reseed and clock \
+                     set (no `{CAP_REKEY}` capability; it has {:?})",
+                    pong.info.capabilities
+                ),
+            });
+        }
+        Ok(pong)
+    }
+
     /// Runs a command; output chunks go to `on_output` as they arrive. `timeout` is
     /// enforced by the guest (which kills the process group); the host waits that long
     /// plus a grace period.
@@ -285,6 +367,28 @@ impl GuestConn {
     }
 }
 
+/// [`REKEY_ENTROPY_LEN`] bytes from the host's CSPRNG, zeroed on drop.
+fn host_entropy() -> Result<Zeroizing<Vec<u8>>, SandboxError> {
+    let mut entropy = Zeroizing::new(vec![0u8; REKEY_ENTROPY_LEN]);
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut entropy))
+        .map_err(SandboxError::io("reading host entropy from /dev/urandom"))?;
+    Ok(entropy)
+}
+
+/// The host's wall-clock time in nanoseconds since the Unix epoch.
+fn unix_time_ns() -> Result<u64, SandboxError> {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_nanos()).ok())
+        .ok_or_else(|| {
+            SandboxError::Environment(
+                "the host clock is outside 1970..2554; cannot set the guest clock".into(),
+            )
+        })
+}
+
 fn protocol(during: &str, source: ProtocolError) -> SandboxError {
     SandboxError::Protocol {
         during: during.to_string(),
@@ -307,7 +411,7 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
     use voidbox_protocol::blocking::server_handshake;
-    use voidbox_protocol::{ExecOutputChunk, GuestInfo};
+    use voidbox_protocol::{Ack, ExecOutputChunk, GuestInfo, CAP_REKEY_SECRET_ONLY};
 
     /// A fake hybrid-vsock endpoint + agent on a Unix socket.
     fn fake_guest(
@@ -401,6 +505,174 @@ mod tests {
             GuestConn::handshake(s, &other, None, Duration::from_secs(5)),
             Err(SandboxError::AuthRejected)
         ));
+        t.join().unwrap();
+    }
+
+    fn connect(dir: &tempfile::TempDir, secret: &SessionSecret) -> GuestConn {
+        let s = try_connect(
+            &dir.path().join("v.sock"),
+            AGENT_PORT,
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .unwrap();
+        GuestConn::handshake(s, secret, None, Duration::from_secs(5))
+            .unwrap()
+            .0
+    }
+
+    /// Fake guest side: reads a `Rekey` and checks that it carries `expect`.
+    fn read_rekey(s: &mut UnixStream, expect: &SessionSecret) -> voidbox_protocol::Rekey {
+        let Message::Rekey(r) = read_message(s).unwrap() else {
+            panic!("expected Rekey")
+        };
+        assert_eq!(&r.secret, expect);
+        r
+    }
+
+    fn pong_with(id: voidbox_protocol::RequestId, cap: &str) -> Message {
+        let info = GuestInfo {
+            capabilities: vec!["exec".into(), cap.into()],
+            ..GuestInfo::default()
+        };
+        Message::Pong(Pong::new(id, info))
+    }
+
+    #[test]
+    fn rekey_sends_entropy_and_time_then_pings_with_the_new_secret() {
+        let boot = SessionSecret::random().unwrap();
+        let new = SessionSecret::random().unwrap();
+        let policy = GuestPolicy {
+            allowlist: Some(vec!["sh".into()]),
+            ..GuestPolicy::default()
+        };
+        let (expect, want_policy) = (new.clone(), policy.clone());
+        let (dir, t) = fake_guest(boot.clone(), move |s| {
+            let r = read_rekey(s, &expect);
+            assert_eq!(r.entropy.len(), REKEY_ENTROPY_LEN);
+            assert!(r.entropy.iter().any(|&b| b != 0), "entropy is random");
+            let now = unix_time_ns().unwrap();
+            assert!(
+                now.abs_diff(r.unix_time_ns) < 60_000_000_000,
+                "host time sent"
+            );
+            // A reply for another request is skipped.
+            write_message(s, &Message::Ack(Ack { id: 999.into() })).unwrap();
+            write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
+            let Message::Ping(p) = read_message(s).unwrap() else {
+                panic!("expected Ping")
+            };
+            assert_eq!(p.secret, expect, "the Ping presents the new secret");
+            assert_eq!(p.policy, Some(want_policy));
+            assert_ne!(p.id, r.id);
+            write_message(s, &pong_with(p.id, CAP_REKEY)).unwrap();
+        });
+        let mut g = connect(&dir, &boot);
+        let pong = g.rekey(&new, Some(policy), Duration::from_secs(5)).unwrap();
+        assert!(pong.info.capabilities.iter().any(|c| c == CAP_REKEY));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn refused_rekey_is_a_guest_error_and_sends_no_ping() {
+        let boot = SessionSecret::random().unwrap();
+        let new = SessionSecret::random().unwrap();
+        let expect = new.clone();
+        let (dir, t) = fake_guest(boot.clone(), move |s| {
+            let r = read_rekey(s, &expect);
+            let refusal = Message::error(
+                r.id,
+                ErrorCode::PermissionDenied,
+                "re-key refused: reseeding the kernel RNG failed",
+            );
+            write_message(s, &refusal).unwrap();
+            // Nothing follows: the host must not present the new secret.
+            assert!(matches!(read_message(s), Err(ProtocolError::Closed)));
+        });
+        let mut g = connect(&dir, &boot);
+        match g.rekey(&new, None, Duration::from_secs(5)) {
+            Err(SandboxError::Guest {
+                what,
+                code,
+                message,
+            }) => {
+                assert_eq!(
+                    (what.as_str(), code),
+                    ("rekey", ErrorCode::PermissionDenied)
+                );
+                assert!(message.contains("RNG"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(g);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn rekey_without_reseed_and_clock_is_rejected() {
+        let boot = SessionSecret::random().unwrap();
+        let new = SessionSecret::random().unwrap();
+        let expect = new.clone();
+        let (dir, t) = fake_guest(boot.clone(), move |s| {
+            let r = read_rekey(s, &expect);
+            write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
+            let Message::Ping(p) = read_message(s).unwrap() else {
+                panic!("expected Ping")
+            };
+            write_message(s, &pong_with(p.id, CAP_REKEY_SECRET_ONLY)).unwrap();
+        });
+        let mut g = connect(&dir, &boot);
+        match g.rekey(&new, None, Duration::from_secs(5)) {
+            Err(SandboxError::Guest { code, message, .. }) => {
+                assert_eq!(code, ErrorCode::Unsupported);
+                assert!(message.contains("reseed"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn rekey_ping_refused_is_auth_rejected() {
+        let boot = SessionSecret::random().unwrap();
+        let new = SessionSecret::random().unwrap();
+        let expect = new.clone();
+        let (dir, t) = fake_guest(boot.clone(), move |s| {
+            let r = read_rekey(s, &expect);
+            write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
+            let Message::Ping(p) = read_message(s).unwrap() else {
+                panic!("expected Ping")
+            };
+            let no = Message::error(p.id, ErrorCode::Unauthorized, "authentication failed");
+            write_message(s, &no).unwrap();
+        });
+        let mut g = connect(&dir, &boot);
+        assert!(matches!(
+            g.rekey(&new, None, Duration::from_secs(5)),
+            Err(SandboxError::AuthRejected)
+        ));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn unanswered_rekey_times_out() {
+        let boot = SessionSecret::random().unwrap();
+        let new = SessionSecret::random().unwrap();
+        let expect = new.clone();
+        let (dir, t) = fake_guest(boot.clone(), move |s| {
+            read_rekey(s, &expect);
+            // Silent until the host gives up and closes.
+            assert!(read_message(s).is_err());
+        });
+        let mut g = connect(&dir, &boot);
+        let limit = Duration::from_millis(200);
+        match g.rekey(&new, None, limit) {
+            Err(SandboxError::Timeout(what, after)) => {
+                assert_eq!((what.as_str(), after), ("rekey", limit))
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(g);
         t.join().unwrap();
     }
 

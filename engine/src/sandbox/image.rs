@@ -9,6 +9,8 @@ use super::error::SandboxError;
 /// The artifacts a VM boots.
 #[derive(Debug, Clone)]
 pub struct GuestImage {
+    /// Content hash of the cached image (its directory name); part of snapshot keys.
+    pub hash: String,
     /// ELF vmlinux.
     pub vmlinux: PathBuf,
     /// Uncompressed initramfs with the agent as `/init`.
@@ -29,6 +31,11 @@ impl GuestImage {
             .into_iter()
             .find(|i| i.manifest.profile == profile)
             .map(|i| GuestImage {
+                hash: i
+                    .dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
                 vmlinux: i.dir.join(&i.manifest.vmlinux.file),
                 initramfs: i.dir.join(&i.manifest.initramfs.file),
                 profile: i.manifest.profile,
@@ -52,6 +59,7 @@ impl GuestImage {
             ))
         })?;
         Ok(GuestImage {
+            hash: info.hash,
             vmlinux: info.vmlinux,
             initramfs: info.initramfs,
             profile: info.profile,

@@ -31,6 +31,9 @@ pub use guest::GuestConn;
 pub use image::GuestImage;
 pub use vmm_process::{VmmLauncher, VmmProcess, VMM_SUBCOMMAND};
 
+/// The VMM's exit code for a refused snapshot (corrupt, mismatched, unreadable).
+pub const SNAPSHOT_REFUSED_EXIT: i32 = 5;
+
 use crate::image::Profile;
 use status::VmmEvent;
 
@@ -59,6 +62,11 @@ pub struct SandboxConfig {
     pub extra_cmdline: Vec<String>,
     /// Wait this long for a graceful shutdown before killing the VMM.
     pub stop_grace: Duration,
+    /// Restore this snapshot instead of booting the kernel.
+    pub restore: Option<RestoreFrom>,
+    /// Start the VMM with a control channel so [`Sandbox::snapshot_to`] works. Only golden
+    /// snapshot creators set it: their VMM's seccomp filter also allows file writes.
+    pub snapshot_control: bool,
     /// Test hook: the VMM issues a syscall outside its seccomp filter.
     #[doc(hidden)]
     pub test_forbidden_syscall: bool,
@@ -79,9 +87,57 @@ impl SandboxConfig {
             policy: None,
             extra_cmdline: Vec::new(),
             stop_grace: Duration::from_secs(2),
+            restore: None,
+            snapshot_control: false,
             test_forbidden_syscall: false,
         }
     }
+}
+
+/// A snapshot to restore a VM from, with the session secret of the VM it was taken of
+/// (used once, to authenticate the re-key right after the restore).
+#[derive(Debug, Clone)]
+pub struct RestoreFrom {
+    /// Directory with `state.snap` and `memory.bin`.
+    pub dir: PathBuf,
+    /// The snapshotted guest's session secret.
+    pub secret: SessionSecret,
+}
+
+/// What a snapshot written by [`Sandbox::snapshot_to`] cost.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotStats {
+    /// vCPUs paused.
+    pub pause: Duration,
+    /// Request to files written, as the VMM measured it.
+    pub vmm_total: Duration,
+    /// Request to confirmation, measured here.
+    pub total: Duration,
+    /// State blob size.
+    pub state_bytes: u64,
+    /// Guest memory size.
+    pub memory_bytes: u64,
+    /// Bytes allocated on disk.
+    pub disk_bytes: u64,
+}
+
+/// Identity of what a VM boots (image, its command line, extra parameters) for snapshot
+/// keys: the VMM refuses a snapshot taken of anything else.
+pub fn image_key(image: &GuestImage, extra_cmdline: &[String]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [
+        image.hash.as_str(),
+        image.profile.as_str(),
+        image.cmdline.as_str(),
+    ]
+    .into_iter()
+    .chain(extra_cmdline.iter().map(String::as_str))
+    {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(h.finalize())
 }
 
 /// Where the time of a cold start went (all measured on the host).
@@ -99,6 +155,10 @@ pub struct BootTimings {
     pub handshake: Duration,
     /// Spawn until authenticated.
     pub total: Duration,
+    /// The VM was restored from a snapshot: the VMM's restore time (else zero).
+    pub restore: Option<Duration>,
+    /// Re-key (new secret, RNG reseed, clock) plus the policy handshake.
+    pub rekey: Duration,
 }
 
 /// A running micro-VM with an authenticated agent connection.
@@ -113,6 +173,7 @@ pub struct Sandbox {
     guest_info: GuestInfo,
     timings: BootTimings,
     stop_grace: Duration,
+    policy: Option<GuestPolicy>,
 }
 
 /// Checks that `/dev/kvm` can be opened read-write.
@@ -172,12 +233,25 @@ impl Sandbox {
             .keep_console
             .clone()
             .unwrap_or_else(|| dir.path().join("console.log"));
-        let secret = SessionSecret::random().map_err(SandboxError::io("session secret"))?;
+        // A cold boot gets a fresh secret on its command line; a restored VM still has the
+        // snapshotted guest's. Either way the secret is rotated right after the handshake.
+        let boot_secret = match &cfg.restore {
+            Some(r) => r.secret.clone(),
+            None => SessionSecret::random().map_err(SandboxError::io("session secret"))?,
+        };
         let compat = cfg.image.profile == Profile::Compat;
         let config = VmConfig {
             kernel: cfg.image.vmlinux.clone(),
             initramfs: Some(cfg.image.initramfs.clone()),
-            cmdline_extra: cmdline_extra(&cfg.image, compat, &cfg.extra_cmdline, &secret.to_hex()),
+            cmdline_extra: cmdline_extra(
+                &cfg.image,
+                compat,
+                &cfg.extra_cmdline,
+                &boot_secret.to_hex(),
+            ),
+            image_hash: image_key(&cfg.image, &cfg.extra_cmdline),
+            snapshot_control: cfg.snapshot_control,
+            restore: cfg.restore.as_ref().map(|r| r.dir.clone()),
             memory_mb: cfg.memory_mb,
             vcpus: cfg.vcpus,
             vsock_uds: Some(vsock_path.clone()),
@@ -201,6 +275,11 @@ impl Sandbox {
                         exit.detail.clone().unwrap_or_else(|| exit.status_text())
                     )));
                 }
+                if exit.code == Some(SNAPSHOT_REFUSED_EXIT) {
+                    return Err(SandboxError::SnapshotRefused(
+                        exit.detail.clone().unwrap_or_else(|| exit.status_text()),
+                    ));
+                }
                 return Err(SandboxError::BootFailed(Box::new(exit)));
             }
             if Instant::now() >= deadline {
@@ -222,29 +301,100 @@ impl Sandbox {
         let hs_timeout = deadline
             .saturating_duration_since(connected)
             .max(Duration::from_secs(5));
-        let (conn, pong) =
-            match GuestConn::handshake(stream, &secret, cfg.policy.clone(), hs_timeout) {
-                Ok(x) => x,
-                Err(e) => {
-                    if vmm.wait_timeout(Duration::from_millis(200)).is_some() {
-                        return Err(SandboxError::BootFailed(Box::new(vmm.exit_report())));
-                    }
-                    return Err(e);
+        // The boot secret authenticates this first handshake only; the policy comes with
+        // the second one, under the rotated secret.
+        let (conn, pong) = match GuestConn::handshake(stream, &boot_secret, None, hs_timeout) {
+            Ok(x) => x,
+            Err(e) => {
+                if vmm.wait_timeout(Duration::from_millis(200)).is_some() {
+                    return Err(SandboxError::BootFailed(Box::new(vmm.exit_report())));
                 }
-            };
+                return Err(e);
+            }
+        };
         let done = Instant::now();
-        let timings = boot_timings(&vmm, t0, connected, done);
-        Ok(Sandbox {
+        let mut timings = boot_timings(&vmm, t0, connected, done);
+        let mut sb = Sandbox {
             conn,
             vmm,
             dir,
-            secret,
+            secret: boot_secret,
             vsock_path,
             console_log,
             guest_info: pong.info,
-            timings,
+            timings: BootTimings::default(),
             stop_grace: cfg.stop_grace,
-        })
+            policy: cfg.policy.clone(),
+        };
+        // Golden creators stay on the boot secret until the snapshot is written.
+        if !cfg.snapshot_control {
+            let t = Instant::now();
+            sb.rekey()?;
+            timings.rekey = t.elapsed();
+            timings.total = sb.vmm.spawned_at().elapsed();
+        }
+        sb.timings = timings;
+        Ok(sb)
+    }
+
+    /// Rotates the session secret (an authenticated re-key that also reseeds the guest RNG
+    /// and sets its clock), then sends the policy under the new secret.
+    pub fn rekey(&mut self) -> Result<(), SandboxError> {
+        let new = SessionSecret::random().map_err(SandboxError::io("session secret"))?;
+        let r = self
+            .conn
+            .rekey(&new, self.policy.clone(), Duration::from_secs(30));
+        let pong = self.check("re-key", r)?;
+        self.secret = new;
+        self.guest_info = pong.info;
+        Ok(())
+    }
+
+    /// Snapshots the running VM into `dir` (VMM started with `snapshot_control`); the guest
+    /// resumes afterwards.
+    pub fn snapshot_to(
+        &mut self,
+        dir: &Path,
+        timeout: Duration,
+    ) -> Result<SnapshotStats, SandboxError> {
+        let from = self.vmm.status().len();
+        let t0 = Instant::now();
+        self.vmm
+            .send_control(&serde_json::json!({"snapshot": {"dir": dir}}))?;
+        let got = self.vmm.status().wait_for(from, timeout, |e| match e {
+            VmmEvent::SnapshotSaved {
+                pause_us,
+                total_ms,
+                state_bytes,
+                memory_bytes,
+                disk_bytes,
+            } => Some(Ok(SnapshotStats {
+                pause: Duration::from_micros(*pause_us),
+                vmm_total: Duration::from_millis(*total_ms),
+                total: Duration::ZERO,
+                state_bytes: *state_bytes,
+                memory_bytes: *memory_bytes,
+                disk_bytes: *disk_bytes,
+            })),
+            VmmEvent::SnapshotFailed { detail } => Some(Err(detail.clone())),
+            _ => None,
+        });
+        match got {
+            Some(Ok(mut s)) => {
+                s.total = t0.elapsed();
+                Ok(s)
+            }
+            Some(Err(detail)) => Err(SandboxError::SnapshotFailed(detail)),
+            None => {
+                if self.vmm.wait_timeout(Duration::from_millis(200)).is_some() {
+                    return Err(SandboxError::VmmDied {
+                        during: "snapshot".into(),
+                        exit: Box::new(self.vmm.exit_report()),
+                    });
+                }
+                Err(SandboxError::Timeout("snapshot".into(), timeout))
+            }
+        }
     }
 
     /// Runs a command, streaming its output to `on_output`.
@@ -311,6 +461,11 @@ impl Sandbox {
         self.vmm.exit_report()
     }
 
+    /// The session secret in force (handle with care).
+    pub fn secret(&self) -> &SessionSecret {
+        &self.secret
+    }
+
     /// Cold-start phases.
     pub fn timings(&self) -> &BootTimings {
         &self.timings
@@ -358,6 +513,9 @@ fn boot_timings(vmm: &VmmProcess, t0: Instant, connected: Instant, done: Instant
         match e.event {
             VmmEvent::Started { .. } => t.vmm_spawn = e.at.saturating_duration_since(t0),
             VmmEvent::Configured { setup_us } => t.vm_setup = Duration::from_micros(setup_us),
+            VmmEvent::Restored { restore_us, .. } => {
+                t.restore = Some(Duration::from_micros(restore_us))
+            }
             VmmEvent::Booting { .. } => {
                 t.to_booting = e.at.saturating_duration_since(t0);
                 booting_at = Some(e.at);
@@ -378,6 +536,7 @@ mod tests {
     #[test]
     fn cmdline_extra_drops_what_the_vmm_adds() {
         let img = GuestImage {
+            hash: "h".into(),
             vmlinux: "k".into(),
             initramfs: "i".into(),
             profile: Profile::Compat,

@@ -37,6 +37,39 @@ pub enum VmmEvent {
     },
     /// "Kernel panic" appeared on the console.
     KernelPanicSeen,
+    /// The VM was restored from a snapshot (instead of booting).
+    Restored {
+        /// Restore time (state, devices, vCPUs) in µs.
+        #[serde(default)]
+        restore_us: u64,
+        /// Snapshot verification (checksums) in µs.
+        #[serde(default)]
+        verify_us: u64,
+    },
+    /// A snapshot requested over the control channel was written; the guest resumed.
+    SnapshotSaved {
+        /// How long the vCPUs were paused, µs.
+        #[serde(default)]
+        pause_us: u64,
+        /// Request to files written, ms.
+        #[serde(default)]
+        total_ms: u64,
+        /// Size of the state blob.
+        #[serde(default)]
+        state_bytes: u64,
+        /// Guest memory size.
+        #[serde(default)]
+        memory_bytes: u64,
+        /// Bytes allocated on disk by the snapshot files.
+        #[serde(default)]
+        disk_bytes: u64,
+    },
+    /// A requested snapshot could not be written; the guest resumed.
+    SnapshotFailed {
+        /// Why.
+        #[serde(default)]
+        detail: String,
+    },
     /// A virtio device saw a malformed queue.
     DeviceBroken {
         /// Device name.
@@ -124,6 +157,45 @@ impl StatusLog {
             .rev()
             .find(|e| matches!(e.event, VmmEvent::Exited { .. }))
             .map(|e| e.event.clone())
+    }
+
+    /// Waits for the first event at index `from` or later that `pick` selects; `None`
+    /// when the stream closes or `timeout` passes first.
+    pub fn wait_for<T>(
+        &self,
+        from: usize,
+        timeout: Duration,
+        mut pick: impl FnMut(&VmmEvent) -> Option<T>,
+    ) -> Option<T> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        let mut seen = from;
+        loop {
+            for e in s.events.iter().skip(seen) {
+                if let Some(v) = pick(&e.event) {
+                    return Some(v);
+                }
+            }
+            seen = s.events.len().max(from);
+            let now = Instant::now();
+            if s.closed || now >= deadline {
+                return None;
+            }
+            s = match self.changed.wait_timeout(s, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+
+    /// Number of events recorded so far.
+    pub fn len(&self) -> usize {
+        self.lock().events.len()
+    }
+
+    /// Whether no event was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Waits until the stream is closed or `timeout` passes; returns whether it closed.

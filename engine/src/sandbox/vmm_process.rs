@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -107,10 +107,13 @@ pub struct VmmProcess {
     threads: Vec<JoinHandle<()>>,
     exit: Option<ExitStatus>,
     console_log: PathBuf,
+    control: Option<ChildStdin>,
 }
 
 impl VmmProcess {
-    /// Starts the VMM and hands it `config` over its stdin pipe.
+    /// Starts the VMM and hands it `config` as the first line of its stdin pipe. With
+    /// `config.snapshot_control` the pipe stays open for [`VmmProcess::send_control`];
+    /// otherwise it is closed at once.
     pub fn spawn(launcher: &VmmLauncher, config: &VmConfig) -> Result<VmmProcess, SandboxError> {
         let json = serde_json::to_vec(config)
             .map_err(|e| SandboxError::Environment(format!("VMM config: {e}")))?;
@@ -144,12 +147,38 @@ impl VmmProcess {
             threads,
             exit: None,
             console_log: config.console_log.clone(),
+            control: None,
         };
         if let Some(mut stdin) = vmm.child.stdin.take() {
             // A VMM that dies before reading its config shows up as an exit below.
-            let _ = stdin.write_all(&json);
+            let mut line = json;
+            line.push(b'\n');
+            if stdin.write_all(&line).is_ok() && config.snapshot_control {
+                vmm.control = Some(stdin);
+            }
         }
         Ok(vmm)
+    }
+
+    /// Sends one control command (a JSON value, written as one line) to a VMM started with
+    /// `snapshot_control`.
+    pub fn send_control(&mut self, command: &serde_json::Value) -> Result<(), SandboxError> {
+        let Some(pipe) = self.control.as_mut() else {
+            return Err(SandboxError::Environment(
+                "this VMM was not started with a control channel".into(),
+            ));
+        };
+        let mut line = serde_json::to_vec(command)
+            .map_err(|e| SandboxError::Environment(format!("VMM control command: {e}")))?;
+        line.push(b'\n');
+        pipe.write_all(&line)
+            .and_then(|()| pipe.flush())
+            .map_err(SandboxError::io("writing to the VMM control channel"))
+    }
+
+    /// The status log (events so far and waiting for new ones).
+    pub fn status(&self) -> &StatusLog {
+        &self.status
     }
 
     /// The VMM's pid.
@@ -321,6 +350,9 @@ mod tests {
             boot_timeout_ms: None,
             wall_limit_ms: None,
             test_forbidden_syscall: false,
+            image_hash: String::new(),
+            snapshot_control: false,
+            restore: None,
         };
         let l = VmmLauncher::Program {
             path: "/nonexistent/voidbox".into(),

@@ -42,9 +42,17 @@ impl Agent {
     }
 
     pub fn start_with(extra: &[&str]) -> Agent {
+        Agent::start_as(extra, None)
+    }
+
+    /// Starts the agent, as user/group `uid` when given (the caller must be root for that).
+    pub fn start_as(extra: &[&str], uid: Option<u32>) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        use std::os::unix::process::CommandExt;
+        // An agent of another uid creates its socket and root in the directory.
+        let mode = if uid.is_some() { 0o777 } else { 0o755 };
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
         let sock = dir.path().join("agent.sock");
         let root = dir.path().join("root");
         let mut cmd = Command::new(agent_bin());
@@ -56,7 +64,10 @@ impl Agent {
             .arg(&root)
             .args(extra)
             .stdin(Stdio::null());
-        if !is_root() {
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        if !is_root() || uid.is_some() {
             cmd.arg("--no-drop");
         }
         let child = cmd.spawn().expect("spawn agent");

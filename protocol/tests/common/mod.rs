@@ -139,6 +139,18 @@ pub fn message() -> impl Strategy<Value = Message> {
             }
         })),
         id().prop_map(|id| Message::Ack(Ack { id })),
+        (
+            id(),
+            secret(),
+            any::<u64>(),
+            vec(any::<u8>(), REKEY_ENTROPY_MIN..=REKEY_ENTROPY_MAX)
+        )
+            .prop_map(|(id, secret, unix_time_ns, entropy)| Message::Rekey(Rekey {
+                id,
+                secret,
+                unix_time_ns,
+                entropy: Zeroizing::new(entropy)
+            })),
         (id(), error_code(), s()).prop_map(|(id, code, message)| Message::Error(ErrorResponse {
             id,
             code,

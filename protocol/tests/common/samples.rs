@@ -45,6 +45,12 @@ pub fn samples() -> Vec<Message> {
             ErrorCode::NotAllowed,
             "program not in allowlist",
         ),
+        Message::Rekey(Rekey {
+            id: RequestId(11),
+            secret: SessionSecret::from_bytes([0xa5; 32]),
+            unix_time_ns: 1_700_000_000_123_456_789,
+            entropy: Zeroizing::new((0..64).collect()),
+        }),
         Message::ExecRequest(ExecRequest {
             id: RequestId(4),
             program: "sh".into(),
@@ -154,4 +160,12 @@ pub fn samples() -> Vec<Message> {
             active_execs: 1,
         }),
     ]
+}
+
+/// The sample of message type `t`.
+pub fn sample(t: MessageType) -> Message {
+    samples()
+        .into_iter()
+        .find(|m| m.message_type() == t)
+        .expect("every type has a sample")
 }

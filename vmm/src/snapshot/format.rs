@@ -7,7 +7,10 @@
 //!   what the snapshot was taken of (memory size, vCPU count, device set, guest image hash),
 //!   the length and SHA-256 of the state blob, and the length and SHA-256 of the memory file.
 //! * [`MEMORY_FILE`]: guest-physical memory from address 0, written sparsely (zero pages are
-//!   holes), to be mapped `MAP_PRIVATE` on restore.
+//!   holes), to be mapped `MAP_PRIVATE` on restore. Its digest ([`MemoryDigest`]) covers the
+//!   non-zero pages only, so verifying it reads just the file's data extents.
+//!
+//! Both files are created mode 0600: guest memory holds the guest's session secret.
 //!
 //! Snapshot files are untrusted input: every length is bounded before anything is allocated,
 //! all checksums and the expected configuration are verified by [`load`] before it returns,
@@ -16,7 +19,8 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -29,7 +33,8 @@ use crate::memory::GuestMem;
 pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
 /// Current (and only accepted) format version. Bump on any incompatible change to the
 /// container or to the serialized state.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: the memory digest covers non-zero pages only ([`MemoryDigest`]).
+pub const FORMAT_VERSION: u32 = 2;
 /// Largest header accepted.
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;
 /// Largest state blob accepted (the real one is ≈10 KB per vCPU plus device buffers).
@@ -73,7 +78,8 @@ pub struct SnapshotHeader {
     pub state_sha256: String,
     /// Length of the memory file (equals `key.memory_size`).
     pub memory_len: u64,
-    /// SHA-256 of the memory file contents, hex.
+    /// [`MemoryDigest`] of the memory file (SHA-256 over its non-zero pages, each prefixed by
+    /// its page index), hex.
     pub memory_sha256: String,
 }
 
@@ -345,32 +351,98 @@ pub fn read_state_file(path: &Path) -> Result<Vec<u8>, SnapshotError> {
     Ok(data)
 }
 
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+/// Removes a stale temporary file (a crashed earlier save); absence is fine.
+fn remove_stale(path: &Path) -> Result<(), SnapshotError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Creates `path` new, mode 0600 (snapshot files hold the guest's secrets).
+fn create_private(path: &Path) -> Result<File, SnapshotError> {
+    remove_stale(path)?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), mode 0600.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
     let tmp = path.with_extension("tmp");
     {
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        let mut f = create_private(&tmp)?;
         f.write_all(bytes).map_err(io_err(&tmp))?;
         f.sync_all().map_err(io_err(&tmp))?;
     }
     fs::rename(&tmp, path).map_err(io_err(path))
 }
 
-/// Writes guest memory `[0, size)` to `path` as a sparse file (all-zero pages are left as
-/// holes) and returns its SHA-256.
+/// SHA-256 over the non-zero pages of guest memory, each prefixed by its page index
+/// (u64 LE), in ascending order. All-zero pages (holes in the memory file) contribute
+/// nothing, so verifying costs only the file's data, not the guest's memory size.
+#[derive(Default)]
+pub struct MemoryDigest {
+    hasher: Sha256,
+    next_page: u64,
+}
+
+impl MemoryDigest {
+    /// A digest over no pages yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds page `index` (exactly [`PAGE_SIZE`] bytes) if it is non-zero. Pages must come in
+    /// ascending order; a page at or below one already added is ignored.
+    pub fn add_page(&mut self, index: u64, page: &[u8]) {
+        if index < self.next_page || is_zero(page) {
+            return;
+        }
+        self.hasher.update(index.to_le_bytes());
+        self.hasher.update(page);
+        self.next_page = index + 1;
+    }
+
+    /// The digest.
+    pub fn finish(self) -> [u8; 32] {
+        self.hasher.finalize().into()
+    }
+}
+
+/// True when `x` is a multiple of [`PAGE_SIZE`] (a power of two).
+fn page_aligned(x: u64) -> bool {
+    x & (PAGE_SIZE as u64 - 1) == 0
+}
+
+/// True when every byte of `buf` is zero.
+pub fn is_zero(buf: &[u8]) -> bool {
+    let (head, body, tail) = {
+        // SAFETY: every bit pattern is a valid u128; align_to only reinterprets the aligned
+        // middle of the byte slice, which stays borrowed immutably for the call.
+        unsafe { buf.align_to::<u128>() }
+    };
+    head.iter().all(|&b| b == 0) && body.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
+}
+
+/// Writes guest memory `[0, size)` to `path` (created new, mode 0600) as a sparse file
+/// (all-zero pages are left as holes) and returns its [`MemoryDigest`].
 pub fn write_memory_file(
     mem: &GuestMem,
     size: u64,
     path: &Path,
 ) -> Result<[u8; 32], SnapshotError> {
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io_err(path))?;
+    if !page_aligned(size) {
+        return Err(SnapshotError::BadHeader(format!(
+            "memory size {size} is not a multiple of the page size"
+        )));
+    }
+    let f = create_private(path)?;
     f.set_len(size).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
+    let mut digest = MemoryDigest::new();
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut off = 0u64;
     while off < size {
@@ -381,74 +453,174 @@ pub fn write_memory_file(
                 "reading guest memory at {off:#x}: {e}"
             )))
         })?;
-        hasher.update(&*chunk);
         for (i, page) in chunk.chunks(PAGE_SIZE).enumerate() {
-            if page.iter().any(|&b| b != 0) {
-                f.write_all_at(page, off + (i * PAGE_SIZE) as u64)
-                    .map_err(io_err(path))?;
+            if !is_zero(page) {
+                let at = off + (i * PAGE_SIZE) as u64;
+                digest.add_page(at / PAGE_SIZE as u64, page);
+                f.write_all_at(page, at).map_err(io_err(path))?;
             }
         }
         off += n as u64;
     }
     f.sync_all().map_err(io_err(path))?;
-    Ok(hasher.finalize().into())
+    Ok(digest.finish())
 }
 
 /// How much of the memory file [`load`] verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryCheck {
-    /// Length and SHA-256 (reads the whole file: ≈0.1–0.5 s for 128 MiB).
+    /// Length and [`MemoryDigest`] (reads only the file's data extents: milliseconds for a
+    /// freshly booted guest). Restores always use this.
     Full,
-    /// Length only (for the restore fast path, when the file is trusted by other means,
-    /// e.g. verified once when the golden snapshot was created and stored read-only).
+    /// Length only (tests and tools).
     LengthOnly,
 }
 
-/// Verifies the memory file against the header.
+/// `lseek(fd, off, whence)`; `None` at ENXIO (no data/hole at or after `off`).
+fn seek(f: &File, off: u64, whence: libc::c_int) -> Result<Option<u64>, io::Error> {
+    let off = libc::off_t::try_from(off).map_err(|_| io::Error::other("offset too large"))?;
+    // SAFETY: lseek on a descriptor owned by `f`; it only moves the file offset.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(r as u64))
+}
+
+/// Data extents of `f` within `[0, len)`, as page-aligned `[start, end)` ranges. A file
+/// system without SEEK_DATA support reports one extent covering everything.
+fn data_extents(f: &File, len: u64) -> Result<Vec<(u64, u64)>, io::Error> {
+    let page = PAGE_SIZE as u64;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut off = 0u64;
+    while off < len {
+        let Some(start) = seek(f, off, libc::SEEK_DATA)? else {
+            break;
+        };
+        if start >= len {
+            break;
+        }
+        let end = seek(f, start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        let (s, e) = (start / page * page, end.div_ceil(page) * page);
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+        off = end.max(start + 1);
+    }
+    Ok(out)
+}
+
+/// Computes the [`MemoryDigest`] of a memory file of `len` bytes, reading only its data.
+pub fn digest_memory_file(f: &File, len: u64) -> Result<[u8; 32], io::Error> {
+    let mut digest = MemoryDigest::new();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    for (start, end) in data_extents(f, len)? {
+        let end = end.min(len);
+        let mut off = start;
+        while off < end {
+            let n = usize::try_from((end - off).min(COPY_CHUNK as u64)).unwrap_or(COPY_CHUNK);
+            let chunk = &mut buf[..n];
+            f.read_exact_at(chunk, off)?;
+            for (i, page) in chunk.chunks(PAGE_SIZE).enumerate() {
+                digest.add_page((off + (i * PAGE_SIZE) as u64) / PAGE_SIZE as u64, page);
+            }
+            off += n as u64;
+        }
+    }
+    Ok(digest.finish())
+}
+
+/// Verifies the memory file at `path` against the header.
 pub fn verify_memory_file(
     path: &Path,
     header: &SnapshotHeader,
     check: MemoryCheck,
 ) -> Result<(), SnapshotError> {
-    let mut f = File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
+    let f = File::open(path).map_err(io_err(path))?;
+    verify_memory(&f, path, header, check)
+}
+
+/// Verifies the open memory file `f` (at `path`, for messages) against the header.
+pub fn verify_memory(
+    f: &File,
+    path: &Path,
+    header: &SnapshotHeader,
+    check: MemoryCheck,
+) -> Result<(), SnapshotError> {
+    let meta = f.metadata().map_err(io_err(path))?;
+    if !meta.is_file() {
+        return Err(io_err(path)(io::Error::other("not a regular file")));
+    }
+    let len = meta.len();
     if len != header.memory_len {
         return Err(mismatch("memory file length", header.memory_len, len));
     }
+    if !page_aligned(len) {
+        return Err(SnapshotError::BadHeader(format!(
+            "memory length {len} is not a multiple of the page size"
+        )));
+    }
     if check == MemoryCheck::Full {
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; COPY_CHUNK];
-        loop {
-            let n = match f.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_err(path)(e)),
-            };
-            hasher.update(&buf[..n]);
-        }
-        if hex(&hasher.finalize()) != header.memory_sha256 {
+        let digest = digest_memory_file(f, len).map_err(io_err(path))?;
+        if hex(&digest) != header.memory_sha256 {
             return Err(SnapshotError::Checksum("memory"));
         }
     }
     Ok(())
 }
 
-/// Writes a complete snapshot into `dir`: the memory file first, then the state file (so a
-/// state file only exists next to a complete memory file).
+/// What [`save`] wrote.
+#[derive(Debug, Clone)]
+pub struct SavedSnapshot {
+    /// The header written.
+    pub header: SnapshotHeader,
+    /// Size of the state file.
+    pub state_file_bytes: u64,
+    /// Bytes allocated on disk by both files (blocks × 512).
+    pub disk_bytes: u64,
+}
+
+/// Writes a complete snapshot into `dir` (created mode 0700 if missing): the memory file
+/// first, then the state file, each through a temporary file and a rename (so a state file
+/// only exists next to a complete memory file, and a memory file mapped by a running VM is
+/// never truncated under it). Both files are mode 0600.
 pub fn save(
     dir: &Path,
     key: &SnapshotKey,
     state: &[u8],
     mem: &GuestMem,
-) -> Result<SnapshotHeader, SnapshotError> {
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
+) -> Result<SavedSnapshot, SnapshotError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))?;
     let mem_path = dir.join(MEMORY_FILE);
-    let digest = write_memory_file(mem, key.memory_size, &mem_path)?;
+    let mem_tmp = mem_path.with_extension("tmp");
+    let digest = write_memory_file(mem, key.memory_size, &mem_tmp)?;
+    fs::rename(&mem_tmp, &mem_path).map_err(io_err(&mem_path))?;
     let bytes = encode(key, state, key.memory_size, &digest)?;
-    write_atomic(&dir.join(STATE_FILE), &bytes)?;
+    let state_path = dir.join(STATE_FILE);
+    write_atomic(&state_path, &bytes)?;
+    // Persist the renames.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
     let (header, _) = decode(&bytes, None)?;
-    Ok(header)
+    let mut disk_bytes = 0;
+    for p in [&mem_path, &state_path] {
+        disk_bytes += fs::metadata(p).map_err(io_err(p))?.blocks() * 512;
+    }
+    Ok(SavedSnapshot {
+        header,
+        state_file_bytes: bytes.len() as u64,
+        disk_bytes,
+    })
 }
 
 /// A fully verified snapshot, ready to restore.
@@ -460,6 +632,8 @@ pub struct LoadedSnapshot {
     pub state: Vec<u8>,
     /// The memory file (length, and with [`MemoryCheck::Full`] checksum, verified).
     pub memory_path: PathBuf,
+    /// The memory file as verified (map this one, not a second open of the path).
+    pub memory_file: File,
 }
 
 /// Reads and verifies the snapshot in `dir` against `expected`. Nothing about a VM is touched;
@@ -473,11 +647,13 @@ pub fn load(
     let (header, state) = decode(&data, Some(expected))?;
     let state = state.to_vec();
     let memory_path = dir.join(MEMORY_FILE);
-    verify_memory_file(&memory_path, &header, check)?;
+    let memory_file = File::open(&memory_path).map_err(io_err(&memory_path))?;
+    verify_memory(&memory_file, &memory_path, &header, check)?;
     Ok(LoadedSnapshot {
         header,
         state,
         memory_path,
+        memory_file,
     })
 }
 
@@ -520,15 +696,18 @@ mod tests {
         let mut data = sample();
         data[0] ^= 1;
         assert!(matches!(decode(&data, None), Err(SnapshotError::BadMagic)));
-        let mut data = sample();
-        data[8..12].copy_from_slice(&2u32.to_le_bytes());
-        assert!(matches!(
-            decode(&data, None),
-            Err(SnapshotError::UnsupportedVersion {
-                found: 2,
-                supported: FORMAT_VERSION
-            })
-        ));
+        // Version 1 (whole-file memory digest) and a future version are both refused.
+        for v in [1u32, FORMAT_VERSION + 1] {
+            let mut data = sample();
+            data[8..12].copy_from_slice(&v.to_le_bytes());
+            assert!(matches!(
+                decode(&data, None),
+                Err(SnapshotError::UnsupportedVersion {
+                    found,
+                    supported: FORMAT_VERSION
+                }) if found == v
+            ));
+        }
     }
 
     #[test]
@@ -700,6 +879,134 @@ mod tests {
             load(dir.path(), &key(), MemoryCheck::LengthOnly),
             Err(SnapshotError::Io { .. })
         ));
+    }
+
+    #[test]
+    fn memory_digest_covers_data_pages_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = create_guest_memory(MEM).unwrap();
+        mem.write_slice(b"page one", GuestAddress(0x1000)).unwrap();
+        mem.write_slice(b"page nine", GuestAddress(0x9ff0)).unwrap();
+        let hdr = save(dir.path(), &key(), b"{}", &mem).unwrap();
+        let mp = dir.path().join(MEMORY_FILE);
+        let f = File::open(&mp).unwrap();
+        // The digest of the file equals the one computed while writing, and equals a digest
+        // over the two non-zero pages (index-prefixed) computed by hand.
+        let from_file = digest_memory_file(&f, MEM).unwrap();
+        assert_eq!(hex(&from_file), hdr.header.memory_sha256);
+        let mut by_hand = Sha256::new();
+        let bytes = fs::read(&mp).unwrap();
+        for idx in [1u64, 9] {
+            by_hand.update(idx.to_le_bytes());
+            let at = idx as usize * PAGE_SIZE;
+            by_hand.update(&bytes[at..at + PAGE_SIZE]);
+        }
+        assert_eq!(from_file, <[u8; 32]>::from(by_hand.finalize()));
+        // Sparse: only the two data pages are allocated (file systems may round up).
+        assert!(hdr.disk_bytes < MEM / 2, "{}", hdr.disk_bytes);
+        // Zeros written into a hole change nothing (the content is the same).
+        let fw = OpenOptions::new().write(true).open(&mp).unwrap();
+        fw.write_all_at(&[0u8; PAGE_SIZE], 0x20000).unwrap();
+        load(dir.path(), &key(), MemoryCheck::Full).unwrap();
+        // Same bytes moved to another page: refused (page indices are hashed).
+        fw.write_all_at(&[0u8; PAGE_SIZE], 0x9000).unwrap();
+        fw.write_all_at(&bytes[0x9000..0xa000], 0xa000).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::Full),
+            Err(SnapshotError::Checksum("memory"))
+        ));
+    }
+
+    #[test]
+    fn corrupt_memory_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = create_guest_memory(MEM).unwrap();
+        mem.write_slice(&[0xab; 100], GuestAddress(0x5000)).unwrap();
+        save(dir.path(), &key(), b"{}", &mem).unwrap();
+        let mp = dir.path().join(MEMORY_FILE);
+        let pristine = fs::read(&mp).unwrap();
+        let restore = || fs::write(&mp, &pristine).unwrap();
+        let f = OpenOptions::new().write(true).open(&mp).unwrap();
+        // A data page changed.
+        f.write_all_at(&[0xac], 0x5010).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::Full),
+            Err(SnapshotError::Checksum("memory"))
+        ));
+        // A hole turned non-zero (first and last page too).
+        for at in [0u64, 0x7000, MEM - 1] {
+            restore();
+            load(dir.path(), &key(), MemoryCheck::Full).unwrap();
+            let f = OpenOptions::new().write(true).open(&mp).unwrap();
+            f.write_all_at(&[1], at).unwrap();
+            assert!(
+                matches!(
+                    load(dir.path(), &key(), MemoryCheck::Full),
+                    Err(SnapshotError::Checksum("memory"))
+                ),
+                "non-zero byte at {at:#x} not detected"
+            );
+        }
+        // A data page zeroed.
+        restore();
+        let f = OpenOptions::new().write(true).open(&mp).unwrap();
+        f.write_all_at(&[0u8; 100], 0x5000).unwrap();
+        assert!(load(dir.path(), &key(), MemoryCheck::Full).is_err());
+        // Truncated or extended.
+        restore();
+        let f = OpenOptions::new().write(true).open(&mp).unwrap();
+        f.set_len(MEM - PAGE_SIZE as u64).unwrap();
+        assert!(matches!(
+            load(dir.path(), &key(), MemoryCheck::Full),
+            Err(SnapshotError::Mismatch { .. })
+        ));
+        f.set_len(MEM + PAGE_SIZE as u64).unwrap();
+        assert!(load(dir.path(), &key(), MemoryCheck::Full).is_err());
+        // Replaced by a directory.
+        fs::remove_file(&mp).unwrap();
+        fs::create_dir(&mp).unwrap();
+        assert!(load(dir.path(), &key(), MemoryCheck::Full).is_err());
+    }
+
+    #[test]
+    fn snapshot_files_are_private_and_resaving_is_safe() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("a/b");
+        let mem = create_guest_memory(MEM).unwrap();
+        mem.write_slice(b"secret", GuestAddress(0)).unwrap();
+        save(&snap, &key(), b"{}", &mem).unwrap();
+        for f in [STATE_FILE, MEMORY_FILE] {
+            let m = fs::metadata(snap.join(f)).unwrap();
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{f}");
+        }
+        let m = fs::metadata(&snap).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        // Saving again over an existing snapshot (with a stale temporary file) works and
+        // leaves no temporary files.
+        fs::write(snap.join("memory.tmp"), b"stale").unwrap();
+        mem.write_slice(b"newer", GuestAddress(0)).unwrap();
+        save(&snap, &key(), b"{}", &mem).unwrap();
+        load(&snap, &key(), MemoryCheck::Full).unwrap();
+        let mut names: Vec<String> = fs::read_dir(&snap)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [MEMORY_FILE, STATE_FILE]);
+        assert_eq!(&fs::read(snap.join(MEMORY_FILE)).unwrap()[..5], b"newer");
+    }
+
+    #[test]
+    fn zero_check() {
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 4097]));
+        for i in [0usize, 1, 15, 16, 17, 4095, 4096] {
+            let mut v = vec![0u8; 4097];
+            v[i] = 1;
+            assert!(!is_zero(&v), "{i}");
+            assert!(!is_zero(&v[1..]) || i == 0, "{i}");
+        }
     }
 
     #[test]

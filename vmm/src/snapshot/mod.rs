@@ -1,10 +1,16 @@
 //! Snapshot and restore.
 //!
 //! [`format`] is the on-disk container (versioned, checksummed, bounded; verified completely
-//! before anything is restored). Each device owns a `persist` module with its serializable
-//! state; [`PersistError`] is what restoring that state into a device can fail with.
+//! before anything is restored). [`state`] is the blob inside it: [`vm_state`] (irqchip, PIT,
+//! clock), one [`vcpu`] state per vCPU, and the devices, each of which owns a `persist` module
+//! with its serializable state. [`raw`] serializes KVM structs as exact-length bytes.
+//! [`PersistError`] is what validating or restoring untrusted state can fail with.
 
 pub mod format;
+pub mod raw;
+pub mod state;
+pub mod vcpu;
+pub mod vm_state;
 
 /// Restoring device state failed: the state does not fit the device being restored into.
 /// Device state comes from snapshot files, which are untrusted input.

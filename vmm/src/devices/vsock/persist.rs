@@ -82,6 +82,12 @@ impl VsockBackend {
         }
     }
 
+    /// Lets the next connection a guest listener accepts report [`VmEvent::GuestReady`]
+    /// again: "ready" is per VMM process, and a restored device was ready in its old one.
+    pub fn rearm_guest_ready(&mut self) {
+        self.ready_reported = false;
+    }
+
     /// Rebuilds the device from `state` over `mem` (the restored guest memory). `stream_for`
     /// supplies the new host stream of a connection; connections without one are reset, so
     /// the guest sees them closed. Everything is validated before anything is built.

@@ -1,6 +1,12 @@
-//! Building one VM (KVM, memory, devices, boot) and running it to an outcome.
+//! Building one VM (KVM, memory, devices, boot or [`restore`]) and running it to an outcome,
+//! taking [`snapshot`]s on request.
 
-use std::fs::{self, OpenOptions};
+mod restore;
+mod snapshot;
+
+pub use snapshot::SnapshotReport;
+
+use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::thread::JoinHandleExt;
@@ -21,6 +27,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::boot;
 use crate::bus::Bus;
 use crate::config::{build_cmdline, ConfigError, MmioAnnouncement, VmConfig};
+use crate::control::{ControlCommand, LineReader};
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{
     ConsoleLog, ConsoleTail, SerialDevice, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_LEN,
@@ -34,8 +41,12 @@ use crate::memory::{
     create_guest_memory, GuestMem, KVM_TSS_ADDRESS, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
     VIRTIO_MMIO_SIZE,
 };
+use crate::snapshot::format::SnapshotKey;
+use crate::snapshot::state::{snapshot_key, VirtioDeviceState};
+use crate::snapshot::vcpu::VcpuCaps;
+use crate::snapshot::PersistError;
 use crate::status::StatusWriter;
-use crate::vcpu::{configure_vcpu, kick_signal, VcpuRunner};
+use crate::vcpu::{configure_vcpu, kick_signal, VcpuCommand, VcpuRunner};
 
 /// How long after "Kernel panic" on the console we wait for the guest's reset.
 pub const PANIC_GRACE: Duration = Duration::from_secs(3);
@@ -52,6 +63,9 @@ pub enum VmError {
     /// Anything else while building the VM.
     #[error("VM setup failed: {0}")]
     Setup(String),
+    /// The snapshot to restore was refused (unreadable, corrupt, mismatched, invalid state).
+    #[error("snapshot refused: {0}")]
+    Snapshot(String),
 }
 
 impl VmError {
@@ -61,6 +75,7 @@ impl VmError {
             VmError::KvmUnavailable(_) => ExitCode::KvmUnavailable,
             VmError::Config(_) => ExitCode::Config,
             VmError::Setup(_) => ExitCode::Setup,
+            VmError::Snapshot(_) => ExitCode::Snapshot,
         }
     }
 }
@@ -115,32 +130,86 @@ pub fn bind_vsock_socket(path: &Path) -> Result<UnixListener, VmError> {
     Ok(l)
 }
 
+/// A virtio-mmio slot as the snapshot code sees it: the transport and the device's backend.
+pub(crate) struct VirtioSlot {
+    transport: Arc<Mutex<MmioTransport>>,
+    backend: VirtioBackend,
+}
+
+/// The state-holding part of a virtio device.
+pub(crate) enum VirtioBackend {
+    Vsock(Arc<Mutex<VsockBackend>>),
+}
+
+/// How long a restore took, for the `restored` status event.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreTimes {
+    /// Reading and verifying the snapshot (checksums, key, state bounds).
+    pub verify: Duration,
+    /// Building the VM from it (memory mapping, devices, VM and vCPU state).
+    pub restore: Duration,
+}
+
 /// A built VM whose threads are not started yet.
 pub struct Vm {
-    /// The kernel command line in use.
+    /// The kernel command line in use (empty for a restored VM).
     pub cmdline: String,
     /// Time spent building the VM.
     pub setup_time: Duration,
-    _kvm: Kvm,
-    _vm_fd: VmFd,
-    _mem: GuestMem,
+    /// Set when the VM was restored from a snapshot instead of booted.
+    pub restored: Option<RestoreTimes>,
+    kvm: Kvm,
+    vm_fd: VmFd,
+    mem: GuestMem,
     vcpus: Vec<VcpuFd>,
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     serial: Arc<Mutex<SerialDevice>>,
     console_tail: Arc<Mutex<ConsoleTail>>,
+    virtio: Vec<VirtioSlot>,
     muxer: Option<Muxer>,
     events_tx: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     stop: Arc<AtomicBool>,
+    key: SnapshotKey,
+    caps: Arc<VcpuCaps>,
+}
+
+/// Host facts for snapshots; required when the config saves or restores snapshots.
+fn probe_caps(kvm: &Kvm, cfg: &VmConfig) -> Result<VcpuCaps, VmError> {
+    match VcpuCaps::probe(kvm) {
+        Ok(c) => Ok(c),
+        Err(e) if cfg.restore.is_some() => Err(VmError::Snapshot(format!(
+            "this host cannot restore snapshots: {e}"
+        ))),
+        Err(e) if cfg.snapshot_control => Err(VmError::Setup(format!(
+            "this host cannot take snapshots: {e}"
+        ))),
+        Err(e) => {
+            log::debug!("snapshots unavailable on this host: {e}");
+            Ok(VcpuCaps {
+                msr_indices: Vec::new(),
+                xcrs: false,
+            })
+        }
+    }
 }
 
 impl Vm {
-    /// Builds everything up to (not including) the first KVM_RUN.
+    /// Builds everything up to (not including) the first KVM_RUN: boots `cfg.kernel`, or,
+    /// with `cfg.restore`, loads, verifies and validates that snapshot first (refusing it
+    /// with [`VmError::Snapshot`] before anything is created) and restores from it.
     pub fn build(cfg: &VmConfig) -> Result<Vm, VmError> {
         let t0 = Instant::now();
         cfg.validate()?;
         let kvm = open_kvm()?;
+        let caps = probe_caps(&kvm, cfg)?;
+        let t_load = Instant::now();
+        let snap = match &cfg.restore {
+            Some(dir) => Some(restore::load(cfg, dir, &caps)?),
+            None => None,
+        };
+        let verify = t_load.elapsed();
         let vm_fd = kvm
             .create_vm()
             .map_err(|e| VmError::KvmUnavailable(format!("KVM_CREATE_VM: {e}")))?;
@@ -156,8 +225,11 @@ impl Vm {
         };
         vm_fd.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
 
-        let mem =
-            create_guest_memory(u64::from(cfg.memory_mb) << 20).map_err(setup("guest memory"))?;
+        let size = u64::from(cfg.memory_mb) << 20;
+        let mem = match &snap {
+            Some(s) => restore::map_memory(s, size)?,
+            None => create_guest_memory(size).map_err(setup("guest memory"))?,
+        };
         for (slot, region) in mem.iter().enumerate() {
             let r = kvm_userspace_memory_region {
                 slot: slot as u32,
@@ -176,6 +248,7 @@ impl Vm {
         let (events_tx, events_rx) = channel();
         let mut pio = Bus::new();
         let mut mmio = Bus::new();
+        let snap_err = |e: PersistError| VmError::Snapshot(e.to_string());
 
         // Serial console.
         let console_file = OpenOptions::new()
@@ -193,7 +266,12 @@ impl Vm {
         vm_fd
             .register_irqfd(&serial_evt, SERIAL_IRQ)
             .map_err(setup("KVM_IRQFD (serial)"))?;
-        let serial = Arc::new(Mutex::new(SerialDevice::new(serial_evt, console)));
+        let serial_dev = match &snap {
+            Some(s) => SerialDevice::restore(&s.state.devices.serial, serial_evt, console)
+                .map_err(snap_err)?,
+            None => SerialDevice::new(serial_evt, console),
+        };
+        let serial = Arc::new(Mutex::new(serial_dev));
         pio.insert(serial.clone(), SERIAL_PORT_BASE, SERIAL_PORT_LEN)
             .map_err(setup("serial"))?;
         pio.insert(
@@ -203,33 +281,75 @@ impl Vm {
         )
         .map_err(setup("i8042"))?;
 
-        // vsock.
+        // virtio devices (only vsock so far), in the order of `virtio_device_names`.
         let stop = Arc::new(AtomicBool::new(false));
         let mut announcements = Vec::new();
         let mut muxer = None;
+        let mut virtio = Vec::new();
         if let Some(path) = &cfg.vsock_uds {
+            let index = virtio.len();
+            let saved = match &snap {
+                Some(s) => Some(s.state.devices.virtio.get(index).ok_or_else(|| {
+                    VmError::Snapshot(format!("no state for virtio device {index}"))
+                })?),
+                None => None,
+            };
             let listener = bind_vsock_socket(path)?;
-            let base = VIRTIO_MMIO_BASE;
-            let irq_num = VIRTIO_IRQ_BASE;
+            let base = VIRTIO_MMIO_BASE + index as u64 * VIRTIO_MMIO_SIZE;
+            let irq_num = VIRTIO_IRQ_BASE + index as u32;
             let irq_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
             vm_fd
                 .register_irqfd(&irq_evt, irq_num)
                 .map_err(setup("KVM_IRQFD (vsock)"))?;
             let irq = Arc::new(Interrupt::new(irq_evt));
-            let backend = Arc::new(Mutex::new(VsockBackend::new(
-                cfg.vsock_cid,
-                irq.clone(),
-                Some(events_tx.clone()),
-            )));
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
-            let dev = VsockDevice::new(backend.clone(), kick.clone());
-            let transport = MmioTransport::new(Box::new(dev), mem.clone(), irq);
-            mmio.insert(Arc::new(Mutex::new(transport)), base, VIRTIO_MMIO_SIZE)
+            let (backend, transport) = match saved {
+                Some(slot) => {
+                    let VirtioDeviceState::Vsock(bs) = &slot.device;
+                    // The host ends of saved connections are gone: they are reset.
+                    let mut b = VsockBackend::restore(
+                        bs,
+                        mem.clone(),
+                        irq.clone(),
+                        Some(events_tx.clone()),
+                        |_| None,
+                    )
+                    .map_err(snap_err)?;
+                    b.rearm_guest_ready();
+                    let backend = Arc::new(Mutex::new(b));
+                    let dev = VsockDevice::new(backend.clone(), kick.clone());
+                    let t =
+                        MmioTransport::restore(Box::new(dev), mem.clone(), irq, &slot.transport)
+                            .map_err(snap_err)?;
+                    // Let the muxer look at the queues (and send the resets) at once.
+                    kick.write(1).map_err(setup("eventfd"))?;
+                    (backend, t)
+                }
+                None => {
+                    let backend = Arc::new(Mutex::new(VsockBackend::new(
+                        cfg.vsock_cid,
+                        irq.clone(),
+                        Some(events_tx.clone()),
+                    )));
+                    let dev = VsockDevice::new(backend.clone(), kick.clone());
+                    (
+                        backend.clone(),
+                        MmioTransport::new(Box::new(dev), mem.clone(), irq),
+                    )
+                }
+            };
+            let transport = Arc::new(Mutex::new(transport));
+            mmio.insert(transport.clone(), base, VIRTIO_MMIO_SIZE)
                 .map_err(setup("virtio-mmio"))?;
             announcements.push(MmioAnnouncement { base, irq: irq_num });
             muxer = Some(
-                Muxer::new(listener, kick, backend, stop.clone()).map_err(setup("vsock muxer"))?,
+                Muxer::new(listener, kick, backend.clone(), stop.clone())
+                    .map_err(setup("vsock muxer"))?,
             );
+            virtio.push(VirtioSlot {
+                transport,
+                backend: VirtioBackend::Vsock(backend),
+            });
         }
 
         // vCPUs.
@@ -241,60 +361,55 @@ impl Vm {
                     .map_err(setup("KVM_CREATE_VCPU"))?,
             );
         }
-        let tsc_khz = if cfg.vcpus > 1 {
-            vcpus[0].get_tsc_khz().ok()
-        } else {
-            None
+        let cmdline = match &snap {
+            Some(s) => {
+                restore::restore_cpu_state(&vm_fd, &vcpus, &s.state)?;
+                String::new()
+            }
+            None => boot_kernel(&kvm, &mem, cfg, &vcpus, &announcements)?,
         };
-        let cmdline = build_cmdline(cfg, tsc_khz, &announcements)?;
-
-        // Boot.
-        let kernel = boot::load_kernel(&mem, &cfg.kernel).map_err(setup("kernel"))?;
-        let initrd = match &cfg.initramfs {
-            Some(p) => Some(boot::load_initramfs(&mem, p, &kernel).map_err(setup("initramfs"))?),
-            None => None,
-        };
-        boot::write_cmdline(&mem, &cmdline).map_err(setup("cmdline"))?;
-        boot::configure_system(&mem, cmdline.len(), initrd, kernel.setup_header, cfg.vcpus)
-            .map_err(setup("boot params"))?;
-        boot::write_gdt_idt(&mem).map_err(setup("GDT"))?;
-        let cr3 = boot::paging::setup_identity_map(&mem).map_err(setup("page tables"))?;
-        let cpuid = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
-        for (i, v) in vcpus.iter().enumerate() {
-            configure_vcpu(v, i as u8, cfg.vcpus, kernel.entry, cr3, &cpuid)
-                .map_err(setup("vCPU"))?;
-        }
-
+        let setup_time = t0.elapsed();
         Ok(Vm {
             cmdline,
-            setup_time: t0.elapsed(),
-            _kvm: kvm,
-            _vm_fd: vm_fd,
-            _mem: mem,
+            setup_time,
+            restored: snap.map(|_| RestoreTimes {
+                verify,
+                restore: t_load.elapsed().saturating_sub(verify),
+            }),
+            kvm,
+            vm_fd,
+            mem,
             vcpus,
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),
             serial,
             console_tail,
+            virtio,
             muxer,
             events_tx,
             events_rx,
             stop,
+            key: snapshot_key(cfg),
+            caps: Arc::new(caps),
         })
     }
 
-    /// Spawns the vCPU and muxer threads; they block until [`Running::release`].
-    pub fn spawn(self) -> Result<Running, VmError> {
+    /// Spawns the vCPU, muxer and (with `control`, the rest of the config fd) control
+    /// threads; they block until [`Running::release`].
+    pub fn spawn(self, control: Option<LineReader<File>>) -> Result<Running, VmError> {
         crate::vcpu::install_kick_handler().map_err(setup("signal handler"))?;
-        let n_threads = self.vcpus.len() + usize::from(self.muxer.is_some()) + 1;
+        let n_threads = self.vcpus.len()
+            + usize::from(self.muxer.is_some())
+            + usize::from(control.is_some())
+            + 1;
         // Two rendezvous: every thread has finished its start-up syscalls (so TSYNC covers a
         // fully started thread), then the filter is installed, then the guest runs.
         let arrived = Arc::new(Barrier::new(n_threads));
         let start = Arc::new(Barrier::new(n_threads));
         let mut vcpu_threads = Vec::new();
+        let mut vcpu_cmds = Vec::new();
         for (i, fd) in self.vcpus.into_iter().enumerate() {
+            let (cmd_tx, cmd_rx) = channel();
             let runner = VcpuRunner {
                 id: i as u8,
                 fd,
@@ -302,6 +417,8 @@ impl Vm {
                 mmio: self.mmio.clone(),
                 events: self.events_tx.clone(),
                 stop: self.stop.clone(),
+                commands: cmd_rx,
+                caps: self.caps.clone(),
             };
             let (a, b) = (arrived.clone(), start.clone());
             let h = std::thread::Builder::new()
@@ -309,6 +426,7 @@ impl Vm {
                 .spawn(move || runner.run(a, b))
                 .map_err(setup("spawning vCPU thread"))?;
             vcpu_threads.push(h);
+            vcpu_cmds.push(cmd_tx);
         }
         let mut muxer_thread = None;
         if let Some(m) = self.muxer {
@@ -324,34 +442,86 @@ impl Vm {
                     .map_err(setup("spawning vsock thread"))?,
             );
         }
+        if let Some(reader) = control {
+            let (a, b) = (arrived.clone(), start.clone());
+            let events = self.events_tx.clone();
+            std::thread::Builder::new()
+                .name("control".into())
+                .spawn(move || {
+                    a.wait();
+                    b.wait();
+                    crate::control::run(reader, events);
+                })
+                .map_err(setup("spawning control thread"))?;
+        }
         arrived.wait();
         Ok(Running {
-            _kvm: self._kvm,
-            _vm_fd: self._vm_fd,
-            _mem: self._mem,
+            _kvm: self.kvm,
+            vm_fd: self.vm_fd,
+            mem: self.mem,
             events_rx: self.events_rx,
             serial: self.serial,
             console_tail: self.console_tail,
+            virtio: self.virtio,
             stop: self.stop,
             vcpu_threads,
+            vcpu_cmds,
             _muxer_thread: muxer_thread,
             start,
+            key: self.key,
         })
     }
+}
+
+/// Boots `cfg.kernel`: loads kernel and initramfs, writes the command line, boot params, GDT
+/// and page tables, and sets up every vCPU for 64-bit entry. Returns the command line.
+fn boot_kernel(
+    kvm: &Kvm,
+    mem: &GuestMem,
+    cfg: &VmConfig,
+    vcpus: &[VcpuFd],
+    announcements: &[MmioAnnouncement],
+) -> Result<String, VmError> {
+    let tsc_khz = if cfg.vcpus > 1 {
+        vcpus.first().and_then(|v| v.get_tsc_khz().ok())
+    } else {
+        None
+    };
+    let cmdline = build_cmdline(cfg, tsc_khz, announcements)?;
+    let kernel = boot::load_kernel(mem, &cfg.kernel).map_err(setup("kernel"))?;
+    let initrd = match &cfg.initramfs {
+        Some(p) => Some(boot::load_initramfs(mem, p, &kernel).map_err(setup("initramfs"))?),
+        None => None,
+    };
+    boot::write_cmdline(mem, &cmdline).map_err(setup("cmdline"))?;
+    boot::configure_system(mem, cmdline.len(), initrd, kernel.setup_header, cfg.vcpus)
+        .map_err(setup("boot params"))?;
+    boot::write_gdt_idt(mem).map_err(setup("GDT"))?;
+    let cr3 = boot::paging::setup_identity_map(mem).map_err(setup("page tables"))?;
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
+    for (i, v) in vcpus.iter().enumerate() {
+        configure_vcpu(v, i as u8, cfg.vcpus, kernel.entry, cr3, &cpuid).map_err(setup("vCPU"))?;
+    }
+    Ok(cmdline)
 }
 
 /// A VM whose threads exist.
 pub struct Running {
     _kvm: Kvm,
-    _vm_fd: VmFd,
-    _mem: GuestMem,
+    vm_fd: VmFd,
+    mem: GuestMem,
     events_rx: Receiver<VmEvent>,
     serial: Arc<Mutex<SerialDevice>>,
     console_tail: Arc<Mutex<ConsoleTail>>,
+    virtio: Vec<VirtioSlot>,
     stop: Arc<AtomicBool>,
     vcpu_threads: Vec<JoinHandle<()>>,
+    vcpu_cmds: Vec<Sender<VcpuCommand>>,
     _muxer_thread: Option<JoinHandle<()>>,
     start: Arc<Barrier>,
+    key: SnapshotKey,
 }
 
 /// Deadlines for [`Running::wait_outcome`].
@@ -388,6 +558,11 @@ impl Running {
     /// Asks the vCPUs to leave KVM_RUN (sets the stop flag and signals each thread).
     pub fn kick_all(&self) {
         self.stop.store(true, Ordering::Release);
+        self.kick_vcpus();
+    }
+
+    /// Signals every vCPU thread out of KVM_RUN (it then looks at its stop flag and commands).
+    fn kick_vcpus(&self) {
         for t in &self.vcpu_threads {
             // SAFETY: the pthread_t comes from a JoinHandle we still hold, so the thread has
             // not been joined/detached; the kick signal has a handler installed.
@@ -463,6 +638,32 @@ impl Running {
                 VmEvent::DeviceBroken(dev, why) => {
                     status.emit(&serde_json::json!({
                         "event": "device_broken", "device": dev, "reason": why,
+                    }));
+                }
+                VmEvent::Control(ControlCommand::Snapshot(cmd)) => {
+                    let event = match self.snapshot(&cmd.dir) {
+                        Ok(r) => serde_json::json!({
+                            "event": "snapshot_saved",
+                            "dir": cmd.dir,
+                            "pause_us": r.pause.as_micros() as u64,
+                            "vcpu_pause_us": r.vcpu_pause.as_micros() as u64,
+                            "total_ms": r.total.as_millis() as u64,
+                            "state_bytes": r.state_bytes,
+                            "memory_bytes": r.memory_bytes,
+                            "disk_bytes": r.disk_bytes,
+                        }),
+                        Err(e) => {
+                            log::warn!("snapshot into {} failed: {e}", cmd.dir.display());
+                            serde_json::json!({
+                                "event": "snapshot_failed", "dir": cmd.dir, "detail": e,
+                            })
+                        }
+                    };
+                    status.emit(&event);
+                }
+                VmEvent::ControlRejected(why) => {
+                    status.emit(&serde_json::json!({
+                        "event": "control_rejected", "detail": why,
                     }));
                 }
             }

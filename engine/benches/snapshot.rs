@@ -1,0 +1,241 @@
+//! Snapshot fast path against cold boots, in one run: restore → guest agent ready against
+//! cold boot → guest agent ready, the same two to the end of a first `echo`, golden
+//! snapshot size and creation time, and memory shared across concurrently restored VMs.
+//!
+//! `cargo bench -p voidbox --bench snapshot` (env: `VOIDBOX_BENCH_COLD` cold boots, default
+//! 3; `VOIDBOX_BENCH_RESTORES` sequential restores, default 10; `VOIDBOX_BENCH_CONCURRENT`
+//! VMs restored at once, default 4). Needs `/dev/kvm` and the guest image; uses a private
+//! snapshot cache so the golden snapshot is created in this run. This binary doubles as
+//! its own VMM (`snapshot __vmm …`).
+
+use std::time::{Duration, Instant};
+
+use voidbox::image::ProgressMode;
+use voidbox::sandbox::{vmm_process, GuestImage, Sandbox, SandboxConfig, VMM_SUBCOMMAND};
+use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
+use voidbox_protocol::{ExecRequest, OutputStream};
+
+const MEMORY_MB: u32 = 128;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn stats(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+/// Starts a VM and runs `echo`: (start → agent ready, start → echo done).
+fn start_and_echo(cfg: &SandboxConfig) -> (Sandbox, Duration, Duration) {
+    let t0 = Instant::now();
+    let mut sb = Sandbox::start(cfg).unwrap_or_else(|e| panic!("start: {e}"));
+    let ready = t0.elapsed();
+    let mut out = Vec::new();
+    let r = sb
+        .exec(
+            ExecRequest {
+                program: "echo".into(),
+                args: vec!["hi".into()],
+                ..ExecRequest::default()
+            },
+            &mut |s, d| {
+                if s == OutputStream::Stdout {
+                    out.extend_from_slice(d)
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("exec: {e}"));
+    assert_eq!((r.exit_code, out.as_slice()), (Some(0), &b"hi\n"[..]));
+    (sb, ready, t0.elapsed())
+}
+
+/// `smaps_rollup` fields of a process, KiB.
+fn rollup(pid: u32) -> std::collections::HashMap<String, u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            let kib = v.trim().trim_end_matches("kB").trim().parse().ok()?;
+            Some((k.to_string(), kib))
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(VMM_SUBCOMMAND) {
+        vmm_process::run_vmm_mode(args[2..].to_vec());
+    }
+    let colds = env_usize("VOIDBOX_BENCH_COLD", 3).max(1);
+    let restores = env_usize("VOIDBOX_BENCH_RESTORES", 10).max(1);
+    let concurrent = env_usize("VOIDBOX_BENCH_CONCURRENT", 4).max(1);
+    let image = GuestImage::ensure(ProgressMode::Plain).unwrap_or_else(|e| panic!("{e}"));
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let launcher = voidbox::sandbox::VmmLauncher::Program {
+        path: exe,
+        args: vec![VMM_SUBCOMMAND.into()],
+    };
+    let mut cfg = SandboxConfig::new(image.clone());
+    cfg.memory_mb = MEMORY_MB;
+    cfg.boot_timeout = Duration::from_secs(300);
+    cfg.launcher = launcher.clone();
+
+    // Golden snapshot creation (one cold boot + the snapshot) in a private cache.
+    let cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::open(Some(cache.path())).unwrap_or_else(|e| panic!("{e}"));
+    let opts = CreateOptions {
+        launcher,
+        boot_timeout: cfg.boot_timeout,
+        runtime_dir: None,
+    };
+    let t = Instant::now();
+    let lease = ensure_golden(&store, &GoldenSpec::of(&cfg), &opts, u64::MAX, &|m| {
+        eprintln!("{m}")
+    })
+    .unwrap_or_else(|e| panic!("golden snapshot: {e}"));
+    let create_total = t.elapsed();
+    let meta = lease.entry.meta.clone();
+    let disk = lease.entry.disk_bytes;
+
+    let mut cold_ready = Vec::new();
+    let mut cold_echo = Vec::new();
+    for i in 0..colds {
+        let (sb, ready, echo) = start_and_echo(&cfg);
+        eprintln!(
+            "cold {}/{colds}: ready {:.0} ms, echo done {:.0} ms",
+            i + 1,
+            ms(ready),
+            ms(echo)
+        );
+        cold_ready.push(ms(ready));
+        cold_echo.push(ms(echo));
+        drop(sb);
+    }
+
+    let mut warm = cfg.clone();
+    warm.restore = Some(lease.restore.clone());
+    let mut r_ready = Vec::new();
+    let mut r_echo = Vec::new();
+    let mut r_vmm = Vec::new();
+    let mut r_rekey = Vec::new();
+    for i in 0..restores {
+        let (sb, ready, echo) = start_and_echo(&warm);
+        let t = sb.timings();
+        eprintln!(
+            "restore {}/{restores}: ready {:.1} ms (VMM restore {:.2} ms, re-key {:.1} ms), echo done {:.0} ms",
+            i + 1,
+            ms(ready),
+            t.restore.map_or(f64::NAN, ms),
+            ms(t.rekey),
+            ms(echo)
+        );
+        r_ready.push(ms(ready));
+        r_echo.push(ms(echo));
+        r_vmm.push(t.restore.map_or(f64::NAN, ms));
+        r_rekey.push(ms(t.rekey));
+        drop(sb);
+    }
+
+    // N restores alive at once: how much of their memory is shared (the snapshot's pages,
+    // mapped copy-on-write from one file) versus private.
+    let t = Instant::now();
+    let vms: Vec<Sandbox> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..concurrent)
+            .map(|_| s.spawn(|| start_and_echo(&warm).0))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("restore thread")))
+            .collect()
+    });
+    let conc_wall = t.elapsed();
+    let rolls: Vec<_> = vms.iter().map(|v| rollup(v.vmm_pid())).collect();
+    let sum = |k: &str| {
+        rolls
+            .iter()
+            .map(|r| r.get(k).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let (rss, pss) = (sum("Rss"), sum("Pss"));
+    let shared = sum("Shared_Clean") + sum("Shared_Dirty");
+    let private = sum("Private_Clean") + sum("Private_Dirty");
+    drop(vms);
+
+    let (cr_min, cr_med, cr_max) = stats(&mut cold_ready);
+    let (ce_min, ce_med, ce_max) = stats(&mut cold_echo);
+    let (rr_min, rr_med, rr_max) = stats(&mut r_ready);
+    let (re_min, re_med, re_max) = stats(&mut r_echo);
+    let (rv_min, rv_med, rv_max) = stats(&mut r_vmm);
+    let (rk_min, rk_med, rk_max) = stats(&mut r_rekey);
+    println!(
+        "voidbox snapshot benchmark: {MEMORY_MB} MiB, 1 vCPU, image profile {}, {colds} cold boots, {restores} restores",
+        image.profile
+    );
+    println!();
+    println!("| measure (ms) | min | median | max |");
+    println!("|---|---:|---:|---:|");
+    println!("| cold boot → guest agent ready (authenticated, re-keyed) | {cr_min:.0} | {cr_med:.0} | {cr_max:.0} |");
+    println!("| restore → guest agent ready (authenticated, re-keyed) | {rr_min:.1} | {rr_med:.1} | {rr_max:.1} |");
+    println!("| … of which the VMM's restore (state, devices, vCPUs) | {rv_min:.2} | {rv_med:.2} | {rv_max:.2} |");
+    println!("| … of which re-key + policy handshake | {rk_min:.1} | {rk_med:.1} | {rk_max:.1} |");
+    println!("| cold boot → first `echo` done | {ce_min:.0} | {ce_med:.0} | {ce_max:.0} |");
+    println!("| restore → first `echo` done | {re_min:.0} | {re_med:.0} | {re_max:.0} |");
+    println!();
+    println!("| ratio (median cold / median restore) | value |");
+    println!("|---|---:|");
+    println!("| to guest agent ready | {:.0}× |", cr_med / rr_med);
+    println!("| to end of first `echo` | {:.1}× |", ce_med / re_med);
+    println!();
+    println!("| golden snapshot | value |");
+    println!("|---|---:|");
+    println!(
+        "| creation, total (cold boot + snapshot) | {:.1} s |",
+        create_total.as_secs_f64()
+    );
+    println!(
+        "| … snapshot request → files written | {} ms |",
+        meta.snapshot_ms
+    );
+    println!("| … vCPUs paused | {} µs |", meta.pause_us);
+    println!(
+        "| size on disk (sparse memory file + state) | {:.1} MiB |",
+        disk as f64 / 1048576.0
+    );
+    println!("| guest memory (file length) | {MEMORY_MB} MiB |");
+    println!(
+        "| state blob | {:.1} KiB |",
+        meta.state_bytes as f64 / 1024.0
+    );
+    println!();
+    println!("| {concurrent} VMs restored at once, each after one `echo` | value |");
+    println!("|---|---:|");
+    println!(
+        "| wall time, all {concurrent} ready + echoed | {:.0} ms |",
+        ms(conc_wall)
+    );
+    println!("| sum of RSS | {:.1} MiB |", rss as f64 / 1024.0);
+    println!(
+        "| sum of PSS (shared pages split between sharers) | {:.1} MiB |",
+        pss as f64 / 1024.0
+    );
+    println!(
+        "| shared (clean + dirty) | {:.1} MiB |",
+        shared as f64 / 1024.0
+    );
+    println!(
+        "| private (clean + dirty) | {:.1} MiB |",
+        private as f64 / 1024.0
+    );
+    println!(
+        "| private per VM | {:.1} MiB |",
+        private as f64 / 1024.0 / concurrent as f64
+    );
+}

@@ -1,0 +1,259 @@
+//! `voidbox snapshot create|ls|rm`: the golden snapshot cache.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use super::store::{self, Store};
+use super::{create, CreateOptions, GoldenSpec, LockMode};
+use crate::image::{human_age, human_size, Format, ProgressMode};
+use crate::sandbox::{check_kvm, GuestImage, SandboxError, VmmLauncher};
+
+/// `voidbox snapshot` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// Create (or re-create) the golden snapshot for a VM size: one cold boot to "guest agent
+    /// ready", then the snapshot. `apply` creates missing ones by itself on first use.
+    Create {
+        /// Guest memory in MiB (the spec's `sandbox.memory_mb`).
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(32..=3072))]
+        memory_mb: u32,
+        /// vCPUs (the spec's `sandbox.vcpus`).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+        vcpus: u8,
+        /// Replace an existing snapshot of the same key.
+        #[arg(long)]
+        force: bool,
+        /// Seconds to wait for the guest agent of the cold boot.
+        #[arg(long, value_name = "SECS", default_value_t = 300)]
+        boot_timeout: u64,
+        /// Snapshot cache (default: $XDG_CACHE_HOME/voidbox/snapshots).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Print the result as JSON on stdout.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// List cached snapshots, most recently used first.
+    Ls {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Snapshot cache.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Remove snapshots by key prefix, or all of them.
+    Rm {
+        /// Key prefixes.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        keys: Vec<String>,
+        /// Remove every snapshot.
+        #[arg(long)]
+        all: bool,
+        /// Snapshot cache.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+}
+
+/// Runs a `voidbox snapshot` subcommand: 0 success, 2 usage/cache errors, 3 environment.
+pub fn run_cli(cmd: SnapshotCommand) -> ExitCode {
+    match run(cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+type CliResult = Result<(), (u8, String)>;
+
+fn store_err(e: super::StoreError) -> (u8, String) {
+    let code = if matches!(e, super::StoreError::Environment(_)) {
+        3
+    } else {
+        2
+    };
+    (code, e.to_string())
+}
+
+fn sandbox_err(e: SandboxError) -> (u8, String) {
+    (3, e.to_string())
+}
+
+fn entry_json(e: &store::Entry) -> serde_json::Value {
+    serde_json::json!({
+        "key": e.meta.key,
+        "dir": e.dir,
+        "memory_mb": e.meta.memory_mb,
+        "vcpus": e.meta.vcpus,
+        "image_hash": e.meta.image_hash,
+        "extra_cmdline": e.meta.extra_cmdline,
+        "disk_bytes": e.disk_bytes,
+        "state_bytes": e.meta.state_bytes,
+        "boot_ms": e.meta.boot_ms,
+        "snapshot_ms": e.meta.snapshot_ms,
+        "pause_us": e.meta.pause_us,
+        "created_unix": e.meta.created_unix,
+        "last_used_unix": unix(e.last_used),
+    })
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+fn age(unix_secs: u64) -> String {
+    human_age(unix(SystemTime::now()).saturating_sub(unix_secs))
+}
+
+fn run(cmd: SnapshotCommand) -> CliResult {
+    match cmd {
+        SnapshotCommand::Create {
+            memory_mb,
+            vcpus,
+            force,
+            boot_timeout,
+            cache_dir,
+            format,
+        } => {
+            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+            check_kvm().map_err(sandbox_err)?;
+            let image = GuestImage::ensure(ProgressMode::Auto).map_err(sandbox_err)?;
+            let spec = GoldenSpec {
+                image,
+                memory_mb,
+                vcpus,
+                extra_cmdline: Vec::new(),
+            };
+            let key = spec.key();
+            let _lock = store
+                .lock(&key, LockMode::Exclusive, true)
+                .map_err(store_err)?;
+            let existing = store.get(&key).ok().flatten();
+            let entry = match existing {
+                Some(e) if !force => {
+                    eprintln!(
+                        "snapshot {} exists (use --force to re-create it)",
+                        &key[..12]
+                    );
+                    e
+                }
+                _ => {
+                    eprintln!(
+                        "creating snapshot {} ({memory_mb} MiB, {vcpus} vCPU): cold boot…",
+                        &key[..12]
+                    );
+                    let opts = CreateOptions {
+                        launcher: VmmLauncher::default(),
+                        boot_timeout: Duration::from_secs(boot_timeout),
+                        runtime_dir: None,
+                    };
+                    let e = create(&store, &spec, &opts).map_err(sandbox_err)?;
+                    eprintln!(
+                        "created snapshot {} in {:.1}s (boot {:.1}s, snapshot {} ms, vCPUs paused {} µs), {} on disk",
+                        &key[..12],
+                        (e.meta.boot_ms + e.meta.snapshot_ms) as f64 / 1000.0,
+                        e.meta.boot_ms as f64 / 1000.0,
+                        e.meta.snapshot_ms,
+                        e.meta.pause_us,
+                        human_size(e.disk_bytes)
+                    );
+                    let cap = store::max_bytes().map_err(|e| (2, e))?;
+                    for gone in store.evict(cap, &key) {
+                        eprintln!("evicted {} (cache over {})", &gone[..12], human_size(cap));
+                    }
+                    e
+                }
+            };
+            match format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&entry_json(&entry)).unwrap_or_default()
+                ),
+                Format::Human => println!("{}", entry.dir.display()),
+            }
+            Ok(())
+        }
+        SnapshotCommand::Ls { format, cache_dir } => {
+            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+            let (entries, broken) = store.list().map_err(store_err)?;
+            match format {
+                Format::Json => {
+                    let v: Vec<_> = entries.iter().map(entry_json).collect();
+                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                }
+                Format::Human if entries.is_empty() => {
+                    eprintln!("no snapshots in {}", store.root().display());
+                }
+                Format::Human => {
+                    println!(
+                        "{:<14} {:>7} {:>5} {:<14} {:>8} {:>8} {:>9}",
+                        "KEY", "MEMORY", "VCPUS", "IMAGE", "SIZE", "CREATED", "LAST-USED"
+                    );
+                    for e in &entries {
+                        let m = &e.meta;
+                        println!(
+                            "{:<14} {:>7} {:>5} {:<14} {:>8} {:>8} {:>9}",
+                            &m.key[..12],
+                            format!("{}M", m.memory_mb),
+                            m.vcpus,
+                            &m.image_hash[..m.image_hash.len().min(12)],
+                            human_size(e.disk_bytes),
+                            age(m.created_unix),
+                            age(unix(e.last_used)),
+                        );
+                    }
+                    let total: u64 = entries.iter().map(|e| e.disk_bytes).sum();
+                    let cap = store::max_bytes().unwrap_or(store::DEFAULT_MAX_BYTES);
+                    eprintln!(
+                        "{} snapshot(s), {} of {} ({})",
+                        entries.len(),
+                        human_size(total),
+                        human_size(cap),
+                        store::MAX_BYTES_ENV
+                    );
+                }
+            }
+            for (dir, e) in &broken {
+                eprintln!("warning: {}: {e}", dir.display());
+            }
+            Ok(())
+        }
+        SnapshotCommand::Rm {
+            keys,
+            all,
+            cache_dir,
+        } => {
+            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+            let resolved = if all {
+                let (entries, broken) = store.list().map_err(store_err)?;
+                let mut v: Vec<String> = entries.into_iter().map(|e| e.meta.key).collect();
+                v.extend(
+                    broken
+                        .iter()
+                        .filter_map(|(d, _)| d.file_name()?.to_str().map(str::to_string)),
+                );
+                v
+            } else {
+                // Resolve everything first so a typo removes nothing.
+                keys.iter()
+                    .map(|k| store.resolve(k))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(store_err)?
+            };
+            for k in &resolved {
+                store.remove(k).map_err(store_err)?;
+                eprintln!("removed {k}");
+            }
+            if all {
+                eprintln!("removed {} snapshot(s)", resolved.len());
+            }
+            Ok(())
+        }
+    }
+}

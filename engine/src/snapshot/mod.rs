@@ -1,0 +1,483 @@
+//! Golden snapshots: every node still gets a fresh VM, but restored from a snapshot of a
+//! guest that has already booted to "agent ready" instead of cold-booting.
+//!
+//! A golden snapshot is taken of a dedicated VM right after its first authenticated
+//! handshake, before any request that could carry a secret ([`create`]). It is keyed by the
+//! guest image (and its command line), memory size, vCPU count and device set, and cached in
+//! [`store`]. Each node restores its own private copy (the VMM maps the memory file
+//! copy-on-write) and rotates the session secret at once through an authenticated re-key
+//! that also reseeds the guest RNG and sets its clock ([`crate::sandbox::Sandbox::rekey`]).
+
+pub mod cli;
+pub mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sha2::{Digest, Sha256};
+
+use crate::sandbox::{
+    image_key, GuestImage, RestoreFrom, Sandbox, SandboxConfig, SandboxError, VmmLauncher,
+};
+pub use store::{Entry, LockMode, Meta, Store, StoreError};
+
+/// The VMM's device set, in bus order (part of the cache key; the VMM checks its own).
+pub const DEVICES: &[&str] = &["serial", "i8042", "vsock"];
+/// How long writing a snapshot may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a golden snapshot is taken of.
+#[derive(Debug, Clone)]
+pub struct GoldenSpec {
+    /// Kernel + initramfs.
+    pub image: GuestImage,
+    /// Guest memory in MiB.
+    pub memory_mb: u32,
+    /// vCPUs.
+    pub vcpus: u8,
+    /// Extra kernel parameters.
+    pub extra_cmdline: Vec<String>,
+}
+
+impl GoldenSpec {
+    /// The golden spec a VM with `cfg` restores from.
+    pub fn of(cfg: &SandboxConfig) -> GoldenSpec {
+        GoldenSpec {
+            image: cfg.image.clone(),
+            memory_mb: cfg.memory_mb,
+            vcpus: cfg.vcpus,
+            extra_cmdline: cfg.extra_cmdline.clone(),
+        }
+    }
+
+    /// The cache key: SHA-256 over everything the snapshot depends on.
+    pub fn key(&self) -> String {
+        let mut h = Sha256::new();
+        let fields = [
+            "voidbox-golden-snapshot".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+            voidbox_vmm::snapshot::format::FORMAT_VERSION.to_string(),
+            image_key(&self.image, &self.extra_cmdline),
+            self.memory_mb.to_string(),
+            self.vcpus.to_string(),
+            DEVICES.join(","),
+        ];
+        for f in fields {
+            h.update((f.len() as u64).to_le_bytes());
+            h.update(f.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+/// How a VM that will take a golden snapshot is started.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// How VMMs are started.
+    pub launcher: VmmLauncher,
+    /// Boot deadline.
+    pub boot_timeout: Duration,
+    /// Parent of the VM's temp dir.
+    pub runtime_dir: Option<PathBuf>,
+}
+
+/// Boots a dedicated VM, authenticates once, snapshots it into a staging dir and installs
+/// it as the entry for `spec` (call with the exclusive lock of the key held). The VM never
+/// runs anything else and is killed afterwards.
+pub fn create(
+    store: &Store,
+    spec: &GoldenSpec,
+    opts: &CreateOptions,
+) -> Result<Entry, SandboxError> {
+    let key = spec.key();
+    let staging = store.staging().map_err(env)?;
+    let mut cfg = SandboxConfig::new(spec.image.clone());
+    cfg.memory_mb = spec.memory_mb;
+    cfg.vcpus = spec.vcpus;
+    cfg.extra_cmdline = spec.extra_cmdline.clone();
+    cfg.launcher = opts.launcher.clone();
+    cfg.boot_timeout = opts.boot_timeout;
+    cfg.runtime_dir = opts.runtime_dir.clone();
+    cfg.snapshot_control = true;
+    let mut sb = Sandbox::start(&cfg)?;
+    let boot = sb.timings().total;
+    let stats = sb.snapshot_to(staging.path(), SNAPSHOT_TIMEOUT)?;
+    let secret = sb.secret().clone();
+    drop(sb);
+    let meta = Meta {
+        key: key.clone(),
+        image_hash: spec.image.hash.clone(),
+        image_key: image_key(&spec.image, &spec.extra_cmdline),
+        extra_cmdline: spec.extra_cmdline.clone(),
+        memory_mb: spec.memory_mb,
+        vcpus: spec.vcpus,
+        created_unix: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+        voidbox_version: env!("CARGO_PKG_VERSION").to_string(),
+        boot_ms: boot.as_millis() as u64,
+        snapshot_ms: stats.total.as_millis() as u64,
+        pause_us: stats.pause.as_micros() as u64,
+        state_bytes: stats.state_bytes,
+    };
+    store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
+    store.install(staging, &key).map_err(env)
+}
+
+fn env(e: StoreError) -> SandboxError {
+    SandboxError::Environment(format!("snapshot cache: {e}"))
+}
+
+/// A snapshot a VM restores from, held (shared lock) so that nobody removes it meanwhile.
+#[derive(Debug)]
+pub struct Lease {
+    /// The entry.
+    pub entry: Entry,
+    /// What the VM needs to restore.
+    pub restore: RestoreFrom,
+    /// Whether this is a golden (cache) snapshot, as opposed to one the spec named.
+    pub golden: bool,
+    _lock: Option<store::EntryLock>,
+}
+
+/// The golden snapshot for `spec`, created first if the cache has none. `notice` receives
+/// one line when a snapshot is created or a broken one is replaced.
+pub fn ensure_golden(
+    store: &Store,
+    spec: &GoldenSpec,
+    opts: &CreateOptions,
+    max_bytes: u64,
+    notice: &dyn Fn(&str),
+) -> Result<Lease, SandboxError> {
+    let key = spec.key();
+    for _ in 0..3 {
+        if let Some(lease) = lease_existing(store, &key, notice)? {
+            return Ok(lease);
+        }
+        // Create it, unless a concurrent creator (this or another process) did meanwhile.
+        let Some(_x) = store.lock(&key, LockMode::Exclusive, true).map_err(env)? else {
+            continue;
+        };
+        if matches!(store.get(&key), Ok(Some(_))) {
+            continue;
+        }
+        notice(&format!(
+            "creating the golden snapshot {} ({} MiB, {} vCPU): one cold boot, then every VM restores from it",
+            &key[..12],
+            spec.memory_mb,
+            spec.vcpus
+        ));
+        let entry = create(store, spec, opts)?;
+        for gone in store.evict(max_bytes, &key) {
+            notice(&format!(
+                "evicted the least recently used snapshot {} (cache over its size cap)",
+                &gone[..12]
+            ));
+        }
+        drop(entry);
+    }
+    Err(SandboxError::Environment(format!(
+        "snapshot cache: the golden snapshot {} keeps disappearing (removed concurrently?)",
+        &key[..12]
+    )))
+}
+
+/// A shared lease on an existing, readable entry; a broken entry is removed (with a notice)
+/// and reported as absent.
+fn lease_existing(
+    store: &Store,
+    key: &str,
+    notice: &dyn Fn(&str),
+) -> Result<Option<Lease>, SandboxError> {
+    let lock = store.lock(key, LockMode::Shared, true).map_err(env)?;
+    match store.get(key) {
+        Ok(Some(entry)) => match entry.restore_from() {
+            Ok(restore) => {
+                store.touch(key);
+                Ok(Some(Lease {
+                    entry,
+                    restore,
+                    golden: true,
+                    _lock: lock,
+                }))
+            }
+            Err(e) => {
+                drop(lock);
+                discard_broken(store, key, &e.to_string(), notice);
+                Ok(None)
+            }
+        },
+        Ok(None) => Ok(None),
+        Err(e) => {
+            drop(lock);
+            discard_broken(store, key, &e.to_string(), notice);
+            Ok(None)
+        }
+    }
+}
+
+/// Removes a golden snapshot that cannot serve, with a one-line notice.
+pub fn discard_broken(store: &Store, key: &str, why: &str, notice: &dyn Fn(&str)) {
+    let first = why.lines().next().unwrap_or(why);
+    notice(&format!(
+        "golden snapshot {} cannot be used ({first}); removing it",
+        &key[..key.len().min(12)]
+    ));
+    let _ = store.remove(key);
+}
+
+/// Resolves a spec's `sandbox.snapshot` (a cache key prefix or a directory, relative to
+/// `base`) and checks that it fits a VM with `cfg`.
+pub fn explicit(
+    store: &Store,
+    value: &str,
+    base: &Path,
+    cfg: &SandboxConfig,
+) -> Result<Lease, SandboxError> {
+    let looks_like_dir = value.contains('/') || value.starts_with('.') || base.join(value).is_dir();
+    let (entry, lock) = if looks_like_dir {
+        let dir = base.join(value);
+        let entry = Entry::load(&dir)
+            .map_err(|e| SandboxError::Environment(format!("sandbox.snapshot `{value}`: {e}")))?;
+        (entry, None)
+    } else {
+        let key = store
+            .resolve(value)
+            .map_err(|e| SandboxError::Environment(format!("sandbox.snapshot `{value}`: {e}")))?;
+        let lock = store.lock(&key, LockMode::Shared, true).map_err(env)?;
+        let entry = store
+            .get(&key)
+            .map_err(|e| SandboxError::Environment(format!("sandbox.snapshot `{value}`: {e}")))?
+            .ok_or_else(|| {
+                SandboxError::Environment(format!("sandbox.snapshot `{value}`: it was removed"))
+            })?;
+        store.touch(&key);
+        (entry, lock)
+    };
+    let m = &entry.meta;
+    let want_image = image_key(&cfg.image, &cfg.extra_cmdline);
+    let mismatch = if m.memory_mb != cfg.memory_mb {
+        Some(format!(
+            "it was taken with memory_mb {}, the node asks for {}",
+            m.memory_mb, cfg.memory_mb
+        ))
+    } else if m.vcpus != cfg.vcpus {
+        Some(format!(
+            "it was taken with {} vCPU(s), the node asks for {}",
+            m.vcpus, cfg.vcpus
+        ))
+    } else if m.image_key != want_image {
+        Some(format!(
+            "it was taken of guest image {}, this run boots image {}",
+            short(&m.image_hash),
+            short(&cfg.image.hash)
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = mismatch {
+        return Err(SandboxError::Environment(format!(
+            "sandbox.snapshot `{value}` cannot restore this node: {why}\n  help: create a matching one with `voidbox snapshot create --memory-mb {} --vcpus {}`, or remove `snapshot:`",
+            cfg.memory_mb, cfg.vcpus
+        )));
+    }
+    let restore = entry
+        .restore_from()
+        .map_err(|e| SandboxError::Environment(format!("sandbox.snapshot `{value}`: {e}")))?;
+    Ok(Lease {
+        entry,
+        restore,
+        golden: false,
+        _lock: lock,
+    })
+}
+
+fn short(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
+
+/// The snapshot policy of a run.
+#[derive(Clone)]
+pub struct Snapshots {
+    /// The cache; `None` disables snapshots (`--no-snapshot`): every VM cold-boots.
+    pub store: Option<Store>,
+    /// How golden snapshot VMs are started.
+    pub create: CreateOptions,
+    /// Cache size cap.
+    pub max_bytes: u64,
+    /// Base directory of relative `sandbox.snapshot` paths (the spec's directory).
+    pub base: PathBuf,
+    /// One-line notices (snapshot created, broken snapshot replaced, cold-boot fallback).
+    pub notice: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl Snapshots {
+    /// The policy of a run: golden snapshots from the default cache when `enabled`, else
+    /// cold boots. A cache that cannot be opened disables snapshots with a notice; a bad
+    /// size cap ([`store::MAX_BYTES_ENV`]) is an error.
+    pub fn new(
+        enabled: bool,
+        create: CreateOptions,
+        base: PathBuf,
+        notice: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<Snapshots, String> {
+        let max_bytes = store::max_bytes()?;
+        let store = if enabled {
+            match Store::open(None) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    notice(&format!("snapshots disabled ({e}); every VM boots cold"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Snapshots {
+            store,
+            create,
+            max_bytes,
+            base,
+            notice,
+        })
+    }
+
+    /// Decides how a VM with `cfg` starts: sets `cfg.restore` and returns the lease to hold
+    /// while the VM starts. A spec-named snapshot that cannot serve is an error; a golden
+    /// snapshot that cannot be created means a cold boot, with a notice.
+    pub fn prepare(
+        &self,
+        cfg: &mut SandboxConfig,
+        named: Option<&str>,
+    ) -> Result<Option<Lease>, SandboxError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let lease = match named {
+            Some(v) => explicit(store, v, &self.base, cfg)?,
+            None => {
+                let spec = GoldenSpec::of(cfg);
+                match ensure_golden(store, &spec, &self.create, self.max_bytes, &*self.notice) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let e = e.to_string();
+                        (self.notice)(&format!(
+                            "no snapshot can serve this VM ({}); booting cold",
+                            e.lines().next().unwrap_or(&e)
+                        ));
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        cfg.restore = Some(lease.restore.clone());
+        Ok(Some(lease))
+    }
+
+    /// Starts a VM per `cfg` (restoring per [`Snapshots::prepare`]). A golden snapshot the
+    /// VMM refuses is removed and the VM cold-boots, with a notice.
+    pub fn start(&self, cfg: &SandboxConfig, named: Option<&str>) -> Result<Sandbox, SandboxError> {
+        let mut cfg = cfg.clone();
+        let lease = self.prepare(&mut cfg, named)?;
+        match Sandbox::start(&cfg) {
+            Err(SandboxError::SnapshotRefused(why)) if lease.as_ref().is_some_and(|l| l.golden) => {
+                let key = lease.map(|l| l.entry.meta.key.clone()).unwrap_or_default();
+                if let Some(store) = &self.store {
+                    discard_broken(store, &key, &why, &*self.notice);
+                }
+                (self.notice)("booting this VM cold");
+                cfg.restore = None;
+                Sandbox::start(&cfg)
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::Profile;
+
+    fn spec(mem: u32) -> GoldenSpec {
+        GoldenSpec {
+            image: GuestImage {
+                hash: "a".repeat(64),
+                vmlinux: "/k".into(),
+                initramfs: "/i".into(),
+                profile: Profile::Compat,
+                cmdline: "quiet".into(),
+            },
+            memory_mb: mem,
+            vcpus: 1,
+            extra_cmdline: vec![],
+        }
+    }
+
+    #[test]
+    fn key_depends_on_everything_the_snapshot_depends_on() {
+        let a = spec(128);
+        assert_eq!(a.key(), spec(128).key());
+        assert_eq!(a.key().len(), 64);
+        assert_ne!(a.key(), spec(256).key());
+        let mut b = spec(128);
+        b.vcpus = 2;
+        assert_ne!(a.key(), b.key());
+        let mut c = spec(128);
+        c.image.hash = "b".repeat(64);
+        assert_ne!(a.key(), c.key());
+        let mut d = spec(128);
+        d.extra_cmdline = vec!["x=1".into()];
+        assert_ne!(a.key(), d.key());
+        // Paths of the same image do not matter (the cache may move).
+        let mut e = spec(128);
+        e.image.vmlinux = "/elsewhere".into();
+        assert_eq!(a.key(), e.key());
+    }
+
+    #[test]
+    fn a_named_snapshot_that_does_not_fit_is_refused_with_help() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(Some(d.path())).unwrap();
+        let s = spec(256);
+        let st = store.staging().unwrap();
+        std::fs::write(st.path().join("state.snap"), b"s").unwrap();
+        std::fs::write(st.path().join("memory.bin"), b"m").unwrap();
+        let meta = Meta {
+            key: s.key(),
+            image_hash: s.image.hash.clone(),
+            image_key: image_key(&s.image, &[]),
+            extra_cmdline: vec![],
+            memory_mb: 256,
+            vcpus: 1,
+            created_unix: 0,
+            voidbox_version: "0".into(),
+            boot_ms: 0,
+            snapshot_ms: 0,
+            pause_us: 0,
+            state_bytes: 0,
+        };
+        let secret = voidbox_protocol::SessionSecret::from_bytes([1; 32]);
+        store::write_entry_files(st.path(), &secret, &meta).unwrap();
+        store.install(st, &s.key()).unwrap();
+        let mut cfg = SandboxConfig::new(s.image.clone());
+        cfg.memory_mb = 128;
+        let e = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap_err();
+        assert!(e.to_string().contains("memory_mb 256"), "{e}");
+        assert!(e.to_string().contains("voidbox snapshot create"), "{e}");
+        cfg.memory_mb = 256;
+        let lease = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap();
+        assert_eq!(lease.restore.secret, secret);
+        assert!(!lease.golden);
+        // By directory too.
+        let dir = store.entry_dir(&s.key());
+        let lease = explicit(&store, dir.to_str().unwrap(), Path::new("/"), &cfg).unwrap();
+        assert_eq!(lease.entry.meta.key, s.key());
+        let e = explicit(&store, "./nope", d.path(), &cfg).unwrap_err();
+        assert!(e.to_string().contains("meta.json"), "{e}");
+        let e = explicit(&store, "ffff", d.path(), &cfg).unwrap_err();
+        assert!(e.to_string().contains("no cached snapshot"), "{e}");
+    }
+}

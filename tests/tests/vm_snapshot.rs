@@ -1,0 +1,170 @@
+//! Golden snapshots on real micro-VMs: one cold boot creates the snapshot, then every VM is
+//! a private restore of it with its own secret, RNG state and clock; a corrupt or
+//! mismatched snapshot is refused before any vCPU runs.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use voidbox::sandbox::guest::{try_connect, AGENT_PORT};
+use voidbox::sandbox::{GuestConn, RestoreFrom, Sandbox, SandboxConfig, SandboxError};
+use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
+use voidbox_protocol::{ExecRequest, OutputStream, SessionSecret};
+use voidbox_tests::vm::{guest_image, sandbox_config};
+
+const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+fn sh(sb: &mut Sandbox, script: &str) -> String {
+    let mut out = Vec::new();
+    let r = sb
+        .exec(
+            ExecRequest {
+                program: "sh".into(),
+                args: vec!["-c".into(), script.into()],
+                ..ExecRequest::default()
+            },
+            &mut |s, d| {
+                if s == OutputStream::Stdout {
+                    out.extend_from_slice(d)
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+    assert_eq!(r.exit_code, Some(0), "{script:?}: {r:?}");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn refused(sb: &Sandbox, secret: &SessionSecret) -> bool {
+    let s = try_connect(sb.vsock_path(), AGENT_PORT, Duration::from_secs(30))
+        .unwrap()
+        .expect("the restored guest accepts connections");
+    matches!(
+        GuestConn::handshake(s, secret, None, Duration::from_secs(60)),
+        Err(SandboxError::AuthRejected)
+    )
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn start_err(cfg: &SandboxConfig) -> String {
+    match Sandbox::start(cfg) {
+        Err(SandboxError::SnapshotRefused(why)) => why,
+        Err(e) => panic!("expected a refused snapshot, got: {e}"),
+        Ok(_) => panic!("a bad snapshot was restored"),
+    }
+}
+
+#[test]
+fn restores_are_fresh_private_vms_and_bad_snapshots_are_refused() {
+    let Some(image) = guest_image() else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let store = Store::open(Some(cache.path())).unwrap();
+    let mut cfg = sandbox_config(image, VOIDBOX);
+    cfg.runtime_dir = Some(runtime.path().to_path_buf());
+    let opts = CreateOptions {
+        launcher: cfg.launcher.clone(),
+        boot_timeout: cfg.boot_timeout,
+        runtime_dir: cfg.runtime_dir.clone(),
+    };
+    let notices = Arc::new(Mutex::new(Vec::<String>::new()));
+    let n = notices.clone();
+    let spec = GoldenSpec::of(&cfg);
+    let lease = ensure_golden(&store, &spec, &opts, u64::MAX, &move |m: &str| {
+        n.lock().unwrap().push(m.to_string())
+    })
+    .unwrap_or_else(|e| panic!("creating the golden snapshot: {e}"));
+    assert!(
+        notices.lock().unwrap()[0].contains("creating the golden snapshot"),
+        "{notices:?}"
+    );
+    let dir = lease.entry.dir.clone();
+    let mem = dir.join("memory.bin");
+    let meta = std::fs::metadata(&mem).unwrap();
+    assert_eq!(meta.len(), 128 << 20);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.blocks() * 512 < meta.len() / 2,
+        "the memory file is sparse"
+    );
+    let golden = lease.restore.secret.clone();
+
+    // Two restores of the one snapshot: both run commands, each with its own secret and RNG.
+    cfg.restore = Some(lease.restore.clone());
+    let mut a = Sandbox::start(&cfg).unwrap_or_else(|e| panic!("restore a: {e}"));
+    let mut b = Sandbox::start(&cfg).unwrap_or_else(|e| panic!("restore b: {e}"));
+    assert!(a.timings().restore.is_some(), "{:?}", a.timings());
+    let script = "echo hello from a restored VM; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s";
+    let out_a = sh(&mut a, script);
+    let out_b = sh(&mut b, script);
+    let la: Vec<&str> = out_a.lines().collect();
+    let lb: Vec<&str> = out_b.lines().collect();
+    assert_eq!(la[0], "hello from a restored VM");
+    assert_eq!(lb[0], "hello from a restored VM");
+    assert_eq!(la[1].len(), 64, "{out_a}");
+    assert_ne!(la[1], lb[1], "restored clones must not share RNG output");
+    // The guest clock was set from the host at restore.
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let guest: i64 = la[2].trim().parse().unwrap();
+    assert!((guest - now).abs() < 120, "guest clock {guest}, host {now}");
+    // Secrets were rotated: the snapshot's secret and the sibling's are refused.
+    assert_ne!(a.secret(), b.secret());
+    assert_ne!(a.secret(), &golden);
+    assert!(
+        refused(&a, &golden),
+        "the golden secret still opens a restored VM"
+    );
+    assert!(
+        refused(&a, b.secret()),
+        "a sibling's secret opens a restored VM"
+    );
+    // Files and the authenticated connection work after the restore.
+    a.write_file("/workspace/x.txt", b"restored\n", None)
+        .unwrap();
+    assert_eq!(
+        a.read_file("/workspace/x.txt", 1024).unwrap(),
+        b"restored\n"
+    );
+    drop(a);
+    drop(b);
+
+    // A corrupt memory page is refused before any vCPU runs.
+    let bad = cache.path().join("corrupt");
+    copy_dir(&dir, &bad);
+    let mut data = std::fs::read(bad.join("memory.bin")).unwrap();
+    let i = data.iter().position(|&x| x != 0).expect("non-zero memory");
+    data[i] ^= 0xff;
+    std::fs::write(bad.join("memory.bin"), &data).unwrap();
+    drop(data);
+    let mut c = cfg.clone();
+    c.restore = Some(RestoreFrom {
+        dir: bad.clone(),
+        secret: golden.clone(),
+    });
+    let why = start_err(&c);
+    assert!(why.contains("checksum"), "{why}");
+    // A flipped byte in the state file too.
+    copy_dir(&dir, &bad);
+    let mut st = std::fs::read(bad.join("state.snap")).unwrap();
+    let last = st.len() - 10;
+    st[last] ^= 0x01;
+    std::fs::write(bad.join("state.snap"), &st).unwrap();
+    let why = start_err(&c);
+    assert!(why.contains("checksum"), "{why}");
+    // A snapshot of another VM size is a mismatch.
+    let mut m = cfg.clone();
+    m.memory_mb = 256;
+    let why = start_err(&m);
+    assert!(why.contains("memory"), "{why}");
+}

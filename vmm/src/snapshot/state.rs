@@ -1,0 +1,253 @@
+//! The state blob of a snapshot: VM, vCPUs and devices, plus the [`SnapshotKey`] a config
+//! produces. Decoded from an untrusted file, so [`SnapshotState::validate`] checks everything
+//! that does not depend on a built VM before anything is created.
+
+use serde::{Deserialize, Serialize};
+
+use super::format::SnapshotKey;
+use super::vcpu::{VcpuCaps, VcpuState};
+use super::vm_state::VmState;
+use super::PersistError;
+use crate::config::VmConfig;
+use crate::devices::serial::persist::SerialDeviceState;
+use crate::devices::virtio::mmio::persist::MmioTransportState;
+use crate::devices::vsock::persist::VsockBackendState;
+
+/// Device names, in bus order, of a VM built from `cfg` (the key's device set).
+pub fn device_names(cfg: &VmConfig) -> Vec<String> {
+    let mut d = vec!["serial".to_string(), "i8042".to_string()];
+    d.extend(virtio_device_names(cfg).into_iter().map(String::from));
+    d
+}
+
+/// The virtio-mmio devices of a VM built from `cfg`, in bus order.
+pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
+    if cfg.vsock_uds.is_some() {
+        vec!["vsock"]
+    } else {
+        Vec::new()
+    }
+}
+
+/// What a snapshot of a VM built from `cfg` is keyed by.
+pub fn snapshot_key(cfg: &VmConfig) -> SnapshotKey {
+    SnapshotKey {
+        memory_size: u64::from(cfg.memory_mb) << 20,
+        vcpus: u32::from(cfg.vcpus),
+        devices: device_names(cfg),
+        image_hash: cfg.image_hash.clone(),
+    }
+}
+
+/// State of a virtio device behind its transport.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum VirtioDeviceState {
+    /// The vsock device (its backend; connections are reset on restore).
+    Vsock(VsockBackendState),
+}
+
+impl VirtioDeviceState {
+    /// The device name used in the key's device set.
+    pub fn name(&self) -> &'static str {
+        match self {
+            VirtioDeviceState::Vsock(_) => "vsock",
+        }
+    }
+}
+
+/// One virtio-mmio slot: transport registers and device state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioSlotState {
+    /// The transport.
+    pub transport: MmioTransportState,
+    /// The device behind it.
+    pub device: VirtioDeviceState,
+}
+
+/// State of every device with state (the i8042 reset latch has none worth keeping).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesState {
+    /// The UART.
+    pub serial: SerialDeviceState,
+    /// virtio-mmio devices, in bus order.
+    pub virtio: Vec<VirtioSlotState>,
+}
+
+/// The whole state blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotState {
+    /// VM-level state.
+    pub vm: VmState,
+    /// One entry per vCPU, in index order.
+    pub vcpus: Vec<VcpuState>,
+    /// Devices.
+    pub devices: DevicesState,
+}
+
+impl SnapshotState {
+    /// Checks the state against the VM `cfg` describes and this host's `caps`: vCPU count and
+    /// order, every vCPU's bounds, VM state, and the virtio device list. Device registers
+    /// are checked again by each device's own restore, before the device is built.
+    pub fn validate(&self, cfg: &VmConfig, caps: &VcpuCaps) -> Result<(), PersistError> {
+        if self.vcpus.len() != usize::from(cfg.vcpus) {
+            return Err(PersistError::mismatch(
+                "vcpu",
+                format!(
+                    "{} vCPUs in the state, {} configured",
+                    self.vcpus.len(),
+                    cfg.vcpus
+                ),
+            ));
+        }
+        for (i, v) in self.vcpus.iter().enumerate() {
+            v.validate(i as u32, caps)?;
+        }
+        self.vm.validate()?;
+        let want = virtio_device_names(cfg);
+        let have: Vec<&str> = self
+            .devices
+            .virtio
+            .iter()
+            .map(|s| s.device.name())
+            .collect();
+        if want != have {
+            return Err(PersistError::mismatch(
+                "virtio",
+                format!("devices {have:?} in the state, {want:?} configured"),
+            ));
+        }
+        for slot in &self.devices.virtio {
+            match &slot.device {
+                VirtioDeviceState::Vsock(b) if b.cid != cfg.vsock_cid => {
+                    return Err(PersistError::mismatch(
+                        "vsock",
+                        format!(
+                            "guest CID {} in the state, {} configured",
+                            b.cid, cfg.vsock_cid
+                        ),
+                    ));
+                }
+                VirtioDeviceState::Vsock(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::serial::{ConsoleLog, SerialDevice};
+    use crate::devices::virtio::Interrupt;
+    use crate::devices::vsock::VsockBackend;
+    use crate::snapshot::format::{decode_state, encode_state};
+    use crate::snapshot::vcpu::tests::sample as vcpu_sample;
+    use crate::snapshot::vm_state::tests::sample as vm_sample;
+    use std::sync::Arc;
+    use vmm_sys_util::eventfd::EventFd;
+
+    fn cfg(vcpus: u8, vsock: bool) -> VmConfig {
+        let mut c =
+            VmConfig::from_json(r#"{"kernel":"/k","console_log":"/c","image_hash":"h1"}"#).unwrap();
+        c.vcpus = vcpus;
+        if vsock {
+            c.vsock_uds = Some("/tmp/v.sock".into());
+        }
+        c
+    }
+
+    fn caps() -> VcpuCaps {
+        VcpuCaps {
+            msr_indices: vec![0x10],
+            xcrs: true,
+        }
+    }
+
+    fn state(vcpus: u32, vsock: bool) -> SnapshotState {
+        let evt = || EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let serial = SerialDevice::new(evt(), ConsoleLog::new(None, None)).save();
+        let mut virtio = Vec::new();
+        if vsock {
+            let irq = Arc::new(Interrupt::new(evt()));
+            let backend = VsockBackend::new(3, irq, None).save();
+            let mem = crate::memory::create_guest_memory(1 << 20).unwrap();
+            let dev = crate::devices::vsock::VsockDevice::new(
+                Arc::new(std::sync::Mutex::new(VsockBackend::new(
+                    3,
+                    Arc::new(Interrupt::new(evt())),
+                    None,
+                ))),
+                Arc::new(evt()),
+            );
+            let t = crate::devices::virtio::mmio::MmioTransport::new(
+                Box::new(dev),
+                mem,
+                Arc::new(Interrupt::new(evt())),
+            );
+            virtio.push(VirtioSlotState {
+                transport: t.save(),
+                device: VirtioDeviceState::Vsock(backend),
+            });
+        }
+        SnapshotState {
+            vm: vm_sample(),
+            vcpus: (0..vcpus).map(vcpu_sample).collect(),
+            devices: DevicesState { serial, virtio },
+        }
+    }
+
+    #[test]
+    fn key_follows_config() {
+        let k = snapshot_key(&cfg(2, true));
+        assert_eq!(k.devices, ["serial", "i8042", "vsock"]);
+        assert_eq!(k.vcpus, 2);
+        assert_eq!(k.memory_size, 256 << 20);
+        assert_eq!(k.image_hash, "h1");
+        assert_eq!(snapshot_key(&cfg(1, false)).devices, ["serial", "i8042"]);
+    }
+
+    #[test]
+    fn blob_round_trip_and_validation() {
+        let s = state(2, true);
+        let blob = encode_state(&s).unwrap();
+        let back: SnapshotState = decode_state(&blob).unwrap();
+        assert_eq!(back, s);
+        back.validate(&cfg(2, true), &caps()).unwrap();
+        // Wrong vCPU count, wrong device set, wrong CID.
+        assert!(back.validate(&cfg(1, true), &caps()).is_err());
+        assert!(back.validate(&cfg(2, false), &caps()).is_err());
+        let mut c = cfg(2, true);
+        c.vsock_cid = 4;
+        assert!(back.validate(&c, &caps()).is_err());
+        // vCPUs out of order.
+        let mut swapped = back.clone();
+        swapped.vcpus.swap(0, 1);
+        assert!(swapped.validate(&cfg(2, true), &caps()).is_err());
+        // No vsock in a config without one.
+        state(1, false).validate(&cfg(1, false), &caps()).unwrap();
+    }
+
+    #[test]
+    fn hostile_blobs_are_typed_errors() {
+        let s = state(1, true);
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["devices"]["virtio"][0]["device"] = serde_json::json!({"blk": {}});
+        assert!(decode_state::<SnapshotState>(&serde_json::to_vec(&v).unwrap()).is_err());
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["vcpus"][0]["msrs"] = serde_json::json!([[1, -1]]);
+        assert!(decode_state::<SnapshotState>(&serde_json::to_vec(&v).unwrap()).is_err());
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["vm"]["pit"] = serde_json::json!("ff");
+        assert!(decode_state::<SnapshotState>(&serde_json::to_vec(&v).unwrap()).is_err());
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["surprise"] = serde_json::json!(true);
+        assert!(decode_state::<SnapshotState>(&serde_json::to_vec(&v).unwrap()).is_err());
+        for junk in [&b""[..], b"null", b"[]", b"{\"vm\":1}", b"\xff\xfe"] {
+            assert!(decode_state::<SnapshotState>(junk).is_err());
+        }
+    }
+}
