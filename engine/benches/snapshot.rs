@@ -8,7 +8,11 @@
 //! snapshot cache so the golden snapshot is created in this run. This binary doubles as
 //! its own VMM (`snapshot __vmm …`).
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::{env_usize, host_description, ms};
 
 use voidbox::image::ProgressMode;
 use voidbox::sandbox::{vmm_process, GuestImage, Sandbox, SandboxConfig, VMM_SUBCOMMAND};
@@ -16,17 +20,6 @@ use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
 use voidbox_protocol::{ExecRequest, OutputStream};
 
 const MEMORY_MB: u32 = 128;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 fn stats(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -179,6 +172,7 @@ fn main() {
         "voidbox snapshot benchmark: {MEMORY_MB} MiB, 1 vCPU, image profile {}, {colds} cold boots, {restores} restores",
         image.profile
     );
+    println!("host: {}", host_description());
     println!();
     println!("| measure (ms) | min | median | max |");
     println!("|---|---:|---:|---:|");

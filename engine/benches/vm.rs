@@ -4,24 +4,17 @@
 //! `VOIDBOX_BENCH_PINGS`, default 100). Needs `/dev/kvm` and the guest image. This binary
 //! doubles as its own VMM (`vm __vmm …`), like `voidbox`.
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::{env_usize, host_description, ms};
 
 use voidbox::image::ProgressMode;
 use voidbox::sandbox::{vmm_process, GuestImage, Sandbox, SandboxConfig, VMM_SUBCOMMAND};
 use voidbox_protocol::ExecRequest;
 
 const MEMORY_MB: u32 = 128;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -170,26 +163,4 @@ fn main() {
     line(&format!("Ping→Pong round trip, ms (n={pings})"), &mut ping);
     line("exec `true` round trip, ms (n=10)", &mut execs);
     println!("| graceful stop (Shutdown → VMM exit), ms | {stop:.0} | | | |");
-}
-
-fn host_description() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let kvm = voidbox_vmm::probe::probe()
-        .map(|r| {
-            format!(
-                "{} (≈{:.0} ns per guest-kernel instruction)",
-                r.kind, r.cpl0_ns_per_insn
-            )
-        })
-        .unwrap_or_else(|e| format!("probe failed: {e}"));
-    format!("{cpu}, {n} CPUs, KVM: {kvm}")
 }

@@ -530,6 +530,16 @@ mod tests {
         r
     }
 
+    /// Reads the Rekey, acknowledges it and returns the Ping that follows.
+    fn ack_rekey(s: &mut UnixStream, expect: &SessionSecret) -> voidbox_protocol::Ping {
+        let r = read_rekey(s, expect);
+        write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
+        let Message::Ping(p) = read_message(s).unwrap() else {
+            panic!("expected Ping")
+        };
+        p
+    }
+
     fn pong_with(id: voidbox_protocol::RequestId, cap: &str) -> Message {
         let info = GuestInfo {
             capabilities: vec!["exec".into(), cap.into()],
@@ -614,11 +624,7 @@ mod tests {
         let new = SessionSecret::random().unwrap();
         let expect = new.clone();
         let (dir, t) = fake_guest(boot.clone(), move |s| {
-            let r = read_rekey(s, &expect);
-            write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
-            let Message::Ping(p) = read_message(s).unwrap() else {
-                panic!("expected Ping")
-            };
+            let p = ack_rekey(s, &expect);
             write_message(s, &pong_with(p.id, CAP_REKEY_SECRET_ONLY)).unwrap();
         });
         let mut g = connect(&dir, &boot);
@@ -638,11 +644,7 @@ mod tests {
         let new = SessionSecret::random().unwrap();
         let expect = new.clone();
         let (dir, t) = fake_guest(boot.clone(), move |s| {
-            let r = read_rekey(s, &expect);
-            write_message(s, &Message::Ack(Ack { id: r.id })).unwrap();
-            let Message::Ping(p) = read_message(s).unwrap() else {
-                panic!("expected Ping")
-            };
+            let p = ack_rekey(s, &expect);
             let no = Message::error(p.id, ErrorCode::Unauthorized, "authentication failed");
             write_message(s, &no).unwrap();
         });
