@@ -366,6 +366,19 @@ pipeline:
     - {type: fan_out, boxes: [a, b]}
 "#,
     );
+    // Both VMs must be running when the signal comes: make sure they restore from the golden
+    // snapshot rather than wait for its (possibly concurrent) creation.
+    let pre = Command::new(VOIDBOX)
+        .args(["snapshot", "create", "--memory-mb", "128"])
+        .args(["--boot-timeout", BOOT_TIMEOUT])
+        .env(k, v)
+        .output()
+        .unwrap();
+    assert!(
+        pre.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pre.stderr)
+    );
     let mut child = Command::new(VOIDBOX)
         .args([
             "apply",

@@ -94,8 +94,13 @@ impl VmExecutor {
         };
         let boot_t0 = Instant::now();
         let named = job.node.sandbox.snapshot.as_deref();
-        let mut sb = match self.snapshots.start(&self.config(job, console), named) {
+        let cancelled = || ctl.stopped().is_some();
+        let mut sb = match self
+            .snapshots
+            .start(&self.config(job, console), named, &cancelled)
+        {
             Ok(sb) => sb,
+            Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
             Err(e) => return sandbox_failure(e),
         };
         let boot = boot_t0.elapsed();

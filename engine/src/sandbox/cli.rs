@@ -112,7 +112,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         std::sync::Arc::new(|m: &str| eprintln!("voidbox: {m}")),
     )
     .map_err(SandboxError::Environment)?;
-    let started = snapshots.start(&cfg, None);
+    let started = snapshots.start(&cfg, None, &|| false);
     if let Some(p) = &cfg.keep_console {
         eprintln!("voidbox: guest console log kept at {}", p.display());
     }

@@ -111,6 +111,9 @@ pub enum SandboxError {
     /// The VMM could not write a requested snapshot (the guest kept running).
     #[error("writing the snapshot failed: {0}")]
     SnapshotFailed(String),
+    /// The VM's start was cancelled (the run is stopping).
+    #[error("cancelled {0}")]
+    Cancelled(String),
     /// The guest agent refused the session secret.
     #[error("the guest agent refused the session secret")]
     AuthRejected,

@@ -151,15 +151,49 @@ pub fn ensure_golden(
     max_bytes: u64,
     notice: &dyn Fn(&str),
 ) -> Result<Lease, SandboxError> {
+    ensure_golden_until(store, spec, opts, max_bytes, notice, &|| false)
+}
+
+/// How often a wait for another creator's lock checks for cancellation.
+const LOCK_POLL: Duration = Duration::from_millis(50);
+
+/// Takes the lock of `key`, waiting for a conflicting holder (another VM creating the
+/// snapshot) until `cancelled` says to give up.
+fn lock_until(
+    store: &Store,
+    key: &str,
+    mode: LockMode,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<store::EntryLock, SandboxError> {
+    loop {
+        if let Some(l) = store.lock(key, mode, false).map_err(env)? {
+            return Ok(l);
+        }
+        if cancelled() {
+            return Err(SandboxError::Cancelled(
+                "while waiting for the golden snapshot".into(),
+            ));
+        }
+        std::thread::sleep(LOCK_POLL);
+    }
+}
+
+/// [`ensure_golden`], giving up with [`SandboxError::Cancelled`] once `cancelled` is true.
+pub fn ensure_golden_until(
+    store: &Store,
+    spec: &GoldenSpec,
+    opts: &CreateOptions,
+    max_bytes: u64,
+    notice: &dyn Fn(&str),
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Lease, SandboxError> {
     let key = spec.key();
     for _ in 0..3 {
-        if let Some(lease) = lease_existing(store, &key, notice)? {
+        if let Some(lease) = lease_existing(store, &key, notice, cancelled)? {
             return Ok(lease);
         }
         // Create it, unless a concurrent creator (this or another process) did meanwhile.
-        let Some(_x) = store.lock(&key, LockMode::Exclusive, true).map_err(env)? else {
-            continue;
-        };
+        let _x = lock_until(store, &key, LockMode::Exclusive, cancelled)?;
         if matches!(store.get(&key), Ok(Some(_))) {
             continue;
         }
@@ -190,8 +224,9 @@ fn lease_existing(
     store: &Store,
     key: &str,
     notice: &dyn Fn(&str),
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Option<Lease>, SandboxError> {
-    let lock = store.lock(key, LockMode::Shared, true).map_err(env)?;
+    let lock = Some(lock_until(store, key, LockMode::Shared, cancelled)?);
     match store.get(key) {
         Ok(Some(entry)) => match entry.restore_from() {
             Ok(restore) => {
@@ -351,6 +386,7 @@ impl Snapshots {
         &self,
         cfg: &mut SandboxConfig,
         named: Option<&str>,
+        cancelled: &dyn Fn() -> bool,
     ) -> Result<Option<Lease>, SandboxError> {
         let Some(store) = &self.store else {
             return Ok(None);
@@ -359,8 +395,17 @@ impl Snapshots {
             Some(v) => explicit(store, v, &self.base, cfg)?,
             None => {
                 let spec = GoldenSpec::of(cfg);
-                match ensure_golden(store, &spec, &self.create, self.max_bytes, &*self.notice) {
+                match ensure_golden_until(
+                    store,
+                    &spec,
+                    &self.create,
+                    self.max_bytes,
+                    &*self.notice,
+                    cancelled,
+                ) {
                     Ok(l) => l,
+                    Err(e) if cancelled() => return Err(e),
+                    Err(e @ SandboxError::Cancelled(_)) => return Err(e),
                     Err(e) => {
                         let e = e.to_string();
                         (self.notice)(&format!(
@@ -377,10 +422,16 @@ impl Snapshots {
     }
 
     /// Starts a VM per `cfg` (restoring per [`Snapshots::prepare`]). A golden snapshot the
-    /// VMM refuses is removed and the VM cold-boots, with a notice.
-    pub fn start(&self, cfg: &SandboxConfig, named: Option<&str>) -> Result<Sandbox, SandboxError> {
+    /// VMM refuses is removed and the VM cold-boots, with a notice. `cancelled` ends waits
+    /// for another creator of the golden snapshot (and rules out the cold-boot fallback).
+    pub fn start(
+        &self,
+        cfg: &SandboxConfig,
+        named: Option<&str>,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Sandbox, SandboxError> {
         let mut cfg = cfg.clone();
-        let lease = self.prepare(&mut cfg, named)?;
+        let lease = self.prepare(&mut cfg, named, cancelled)?;
         match Sandbox::start(&cfg) {
             Err(SandboxError::SnapshotRefused(why)) if lease.as_ref().is_some_and(|l| l.golden) => {
                 let key = lease.map(|l| l.entry.meta.key.clone()).unwrap_or_default();
