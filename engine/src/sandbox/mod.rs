@@ -1,9 +1,11 @@
 //! Drives one micro-VM: a VMM child process plus the authenticated guest-agent connection.
 //!
-//! [`Sandbox::start`] spawns the VMM ([`vmm_process`]) with a fresh 32-byte session secret
-//! on the guest command line and a per-VM temp dir (vsock socket, console log), waits for
-//! the guest agent within a deadline (retrying `CONNECT`, watching the VMM's status), and
-//! authenticates ([`guest`]). Then [`Sandbox::exec`], [`Sandbox::write_file`],
+//! [`Sandbox::start`] spawns the VMM ([`vmm_process`]) with a per-VM temp dir (vsock socket,
+//! console log) to cold-boot a guest (a fresh 32-byte session secret on its command line) or
+//! to restore one from a snapshot ([`RestoreFrom`], with the snapshotted guest's secret),
+//! waits for the guest agent within a deadline (retrying `CONNECT`, watching the VMM's
+//! status), authenticates ([`guest`]) and re-keys: a new secret, a guest RNG reseed and the
+//! host's clock, then the policy under the new secret. Then [`Sandbox::exec`], [`Sandbox::write_file`],
 //! [`Sandbox::read_file`]; [`Sandbox::stop`] asks the guest to shut down and kills the VMM
 //! after a grace period. Dropping a `Sandbox` kills and reaps the VMM and removes its temp
 //! dir (the console log too, unless it was placed elsewhere with `keep_console`).
