@@ -225,3 +225,44 @@ fn apply_dry_run_and_mock_mode() {
     let r = run(&["apply", "specs/invalid/cycle.yaml"]);
     assert_eq!(r.code, Some(2));
 }
+
+#[test]
+fn snapshot_ls_and_rm_on_a_cache_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().to_str().expect("utf-8 path");
+    let r = run(&["snapshot", "ls", "--cache-dir", cache, "--format", "json"]);
+    assert_eq!((r.code, r.stdout.trim()), (Some(0), "[]"), "{}", r.stderr);
+    let r = run(&["snapshot", "ls", "--cache-dir", cache]);
+    assert_eq!(r.code, Some(0));
+    assert!(r.stderr.contains("no snapshots"), "{}", r.stderr);
+    // A typo removes nothing and says why.
+    let r = run(&["snapshot", "rm", "--cache-dir", cache, "abc123"]);
+    assert_eq!(r.code, Some(2));
+    assert!(
+        r.stderr.contains("no cached snapshot matches abc123"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&["snapshot", "rm", "--cache-dir", cache, "not-hex"]);
+    assert_eq!(r.code, Some(2));
+    assert!(
+        r.stderr.contains("not a snapshot key prefix"),
+        "{}",
+        r.stderr
+    );
+    // An unreadable entry is listed as a warning, and `rm --all` clears it.
+    let broken = dir.path().join("a".repeat(64));
+    std::fs::create_dir(&broken).expect("mkdir");
+    let r = run(&["snapshot", "ls", "--cache-dir", cache]);
+    assert!(
+        r.stderr.contains("warning") && r.stderr.contains("meta.json"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&["snapshot", "rm", "--cache-dir", cache, "--all"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(!broken.exists());
+    // Usage errors exit 2.
+    let r = run(&["snapshot", "create", "--memory-mb", "1"]);
+    assert_eq!(r.code, Some(2));
+}

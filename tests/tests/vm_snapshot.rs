@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use voidbox::sandbox::guest::{try_connect, AGENT_PORT};
 use voidbox::sandbox::{GuestConn, RestoreFrom, Sandbox, SandboxConfig, SandboxError};
-use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
+use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Snapshots, Store};
 use voidbox_protocol::{ExecRequest, OutputStream, SessionSecret};
 use voidbox_tests::vm::{guest_image, sandbox_config};
 
@@ -167,4 +167,35 @@ fn restores_are_fresh_private_vms_and_bad_snapshots_are_refused() {
     m.memory_mb = 256;
     let why = start_err(&m);
     assert!(why.contains("memory"), "{why}");
+
+    // A golden snapshot that went bad in the cache cannot serve: the VMM refuses it, the
+    // engine deletes it and cold-boots this VM, saying so in one line.
+    drop(lease);
+    let mut mem = std::fs::read(&mem).unwrap();
+    let i = mem.iter().rposition(|&x| x != 0).expect("non-zero memory");
+    mem[i] ^= 0x55;
+    std::fs::write(dir.join("memory.bin"), &mem).unwrap();
+    drop(mem);
+    notices.lock().unwrap().clear();
+    let n = notices.clone();
+    let snapshots = Snapshots {
+        store: Some(store.clone()),
+        create: opts,
+        max_bytes: u64::MAX,
+        base: cache.path().to_path_buf(),
+        notice: Arc::new(move |m: &str| n.lock().unwrap().push(m.to_string())),
+    };
+    let mut cold_cfg = cfg.clone();
+    cold_cfg.restore = None;
+    let mut c = snapshots
+        .start(&cold_cfg, None, &|| false)
+        .unwrap_or_else(|e| panic!("fallback cold boot: {e}"));
+    assert!(c.timings().restore.is_none(), "{:?}", c.timings());
+    assert_eq!(sh(&mut c, "echo cold"), "cold\n");
+    let said = notices.lock().unwrap().join("\n");
+    assert!(
+        said.contains("cannot be used") && said.contains("checksum") && said.contains("cold"),
+        "{said}"
+    );
+    assert!(!dir.exists(), "the broken golden snapshot was removed");
 }
