@@ -144,6 +144,7 @@ fn fan_out_example_merges_in_order_and_reports_validate() {
             n["boot_ms"].as_u64().unwrap() > 0 && n["exec_ms"].is_u64(),
             "{n}"
         );
+        assert_eq!(n["vm_start"], "snapshot", "{n}");
         assert!(n["output_bytes"].as_u64().unwrap() > 0, "{n}");
         let log = n["console_log"].as_str().expect("console log kept");
         assert!(Path::new(log).is_file(), "{log}");

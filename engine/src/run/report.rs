@@ -9,7 +9,8 @@
 //!   "output": any|null,            // final output (JSON kept, else a string)
 //!   "nodes": [ { "name": str, "status": "succeeded"|"failed"|"timed_out"|"cancelled"|"skipped",
 //!                "attempts": int, "started_ms": int|null, "duration_ms": int|null,
-//!                "boot_ms": int|null, "exec_ms": int|null, "exit_code": int|null,
+//!                "boot_ms": int|null, "vm_start": null|"snapshot"|"cold",
+//!                "exec_ms": int|null, "exit_code": int|null,
 //!                "signal": int|null, "output_bytes": int|null, "console_log": str|null,
 //!                "error": str|null,
 //!                "agent": null|{ "model", "input_tokens", "output_tokens", "cost_usd",
@@ -62,6 +63,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "started_ms": ms(n.started),
                 "duration_ms": ms(n.duration),
                 "boot_ms": ms(a.and_then(|a| a.boot)),
+                "vm_start": a.and_then(|a| a.restored).map(|r| if r { "snapshot" } else { "cold" }),
                 "exec_ms": ms(a.and_then(|a| a.exec)),
                 "exit_code": a.and_then(|a| a.exit_code),
                 "signal": a.and_then(|a| a.signal),

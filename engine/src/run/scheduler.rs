@@ -99,6 +99,8 @@ pub struct Attempt {
     pub console_log: Option<std::path::PathBuf>,
     /// VM start (boot) time.
     pub boot: Option<Duration>,
+    /// The VM was restored from a snapshot (`true`) or cold-booted (`false`).
+    pub restored: Option<bool>,
     /// Command run time.
     pub exec: Option<Duration>,
     /// Agent statistics.
@@ -119,6 +121,7 @@ impl Attempt {
             stderr_tail: String::new(),
             console_log: None,
             boot: None,
+            restored: None,
             exec: None,
             agent: None,
             environment: false,

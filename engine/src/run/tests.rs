@@ -363,6 +363,7 @@ fn reports_have_the_documented_shape() {
             "started_ms",
             "duration_ms",
             "boot_ms",
+            "vm_start",
             "exec_ms",
             "exit_code",
             "signal",

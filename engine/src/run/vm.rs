@@ -104,6 +104,7 @@ impl VmExecutor {
             Err(e) => return sandbox_failure(e),
         };
         let boot = boot_t0.elapsed();
+        let restored = sb.timings().restore.is_some();
         if !ctl.register_pid(sb.vmm_pid()) {
             drop(sb);
             return Attempt::failed(Status::Cancelled, "cancelled");
@@ -112,6 +113,7 @@ impl VmExecutor {
         ctl.clear_pid();
         drop(sb);
         a.boot = Some(boot);
+        a.restored = Some(restored);
         a
     }
 
