@@ -12,8 +12,8 @@ use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
 use voidbox_protocol::handshake::check_pong;
 use voidbox_protocol::{
     ErrorCode, ExecRequest, ExecResponse, GuestPolicy, Message, OutputStream, Ping, Pong,
-    ProtocolError, ReadFile, Rekey, RequestId, RequestIdAllocator, SessionSecret, Shutdown,
-    ShutdownAction, WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
+    ProtocolError, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction,
+    WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
 };
 
 use super::error::SandboxError;
@@ -102,41 +102,6 @@ impl GuestConn {
             },
             pong,
         ))
-    }
-
-    /// [`GuestConn::handshake`] under `boot_secret` and [`GuestConn::rekey`] to `new_secret`
-    /// with `policy`, pipelined: the three requests go out together and the replies are read
-    /// in order, so a freshly started VM is ready after one round trip.
-    pub fn handshake_rekey(
-        stream: UnixStream,
-        boot_secret: &SessionSecret,
-        new_secret: &SessionSecret,
-        policy: Option<GuestPolicy>,
-        timeout: Duration,
-    ) -> Result<(GuestConn, Pong), SandboxError> {
-        let entropy = host_entropy()?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(SandboxError::io("socket timeout"))?;
-        let mut conn = GuestConn {
-            stream,
-            ids: RequestIdAllocator::new(),
-        };
-        conn.send(
-            "handshake",
-            &Message::Ping(Ping::new(boot_secret.clone(), None)),
-        )?;
-        // A guest that refuses the boot secret closes the connection, possibly before the
-        // pipelined requests are written: its refusal is still the first thing to read.
-        let sent = conn.send_rekey(new_secret, entropy, policy);
-        let first = read_message(&mut conn.stream).map_err(|e| protocol("handshake", e));
-        check_pong(first?).map_err(|e| match e {
-            ProtocolError::AuthFailed => SandboxError::AuthRejected,
-            e => protocol("handshake", e),
-        })?;
-        let pong = conn.finish_rekey(sent?, timeout)?;
-        conn.set_timeout(None)?;
-        Ok((conn, pong))
     }
 
     fn send(&mut self, during: &str, msg: &Message) -> Result<(), SandboxError> {
@@ -233,42 +198,15 @@ impl GuestConn {
         policy: Option<GuestPolicy>,
         timeout: Duration,
     ) -> Result<Pong, SandboxError> {
-        let ids = self.send_rekey(new_secret, entropy, policy)?;
-        self.finish_rekey(ids, timeout)
-    }
-
-    /// Sends `Rekey` and the `Ping` under the new secret back to back (one round trip through
-    /// the guest kernel instead of two): the guest serves a connection's requests in order,
-    /// so the Ping is checked against the rotated secret, and it carries nothing the Rekey
-    /// did not. Returns their request ids.
-    fn send_rekey(
-        &mut self,
-        new_secret: &SessionSecret,
-        entropy: Zeroizing<Vec<u8>>,
-        policy: Option<GuestPolicy>,
-    ) -> Result<(RequestId, RequestId), SandboxError> {
-        let rekey_id = self.ids.next_id();
-        let rekey = Rekey::new(rekey_id, new_secret.clone(), unix_time_ns()?, entropy)
-            .map_err(|e| protocol("rekey", e))?;
-        let id = self.ids.next_id();
-        let mut ping = Ping::new(new_secret.clone(), policy);
-        ping.id = id;
-        self.send("rekey", &Message::Rekey(rekey))?;
-        self.send("rekey ping", &Message::Ping(ping))?;
-        Ok((rekey_id, id))
-    }
-
-    /// Reads the replies to [`GuestConn::send_rekey`].
-    fn finish_rekey(
-        &mut self,
-        (rekey_id, id): (RequestId, RequestId),
-        timeout: Duration,
-    ) -> Result<Pong, SandboxError> {
         let in_time = |r: Result<Message, SandboxError>| match r {
             Err(SandboxError::Timeout(w, _)) => Err(SandboxError::Timeout(w, timeout)),
             r => r,
         };
-        match in_time(self.recv_for("rekey", rekey_id))? {
+        let id = self.ids.next_id();
+        let rekey = Rekey::new(id, new_secret.clone(), unix_time_ns()?, entropy)
+            .map_err(|e| protocol("rekey", e))?;
+        self.send("rekey", &Message::Rekey(rekey))?;
+        match in_time(self.recv_for("rekey", id))? {
             Message::Ack(_) => {}
             Message::Error(e) => {
                 return Err(SandboxError::Guest {
@@ -279,6 +217,10 @@ impl GuestConn {
             }
             other => return Err(unexpected("rekey", "Ack", other)),
         }
+        let id = self.ids.next_id();
+        let mut ping = Ping::new(new_secret.clone(), policy);
+        ping.id = id;
+        self.send("rekey ping", &Message::Ping(ping))?;
         let pong = check_pong(in_time(self.recv_for("rekey ping", id))?).map_err(|e| match e {
             ProtocolError::AuthFailed => SandboxError::AuthRejected,
             ProtocolError::Remote { code, message } => SandboxError::Guest {
@@ -642,7 +584,7 @@ mod tests {
     }
 
     #[test]
-    fn refused_rekey_is_a_guest_error_even_though_the_ping_follows() {
+    fn refused_rekey_is_a_guest_error_and_sends_no_ping() {
         let boot = SessionSecret::random().unwrap();
         let new = SessionSecret::random().unwrap();
         let expect = new.clone();
@@ -654,13 +596,8 @@ mod tests {
                 "re-key refused: reseeding the kernel RNG failed",
             );
             write_message(s, &refusal).unwrap();
-            // The pipelined Ping presents the secret that was not rotated: refused.
-            let Message::Ping(p) = read_message(s).unwrap() else {
-                panic!("expected the pipelined Ping")
-            };
-            assert_eq!(p.secret, expect);
-            let no = Message::error(p.id, ErrorCode::Unauthorized, "authentication failed");
-            write_message(s, &no).unwrap();
+            // Nothing follows: the host must not present the new secret.
+            assert!(matches!(read_message(s), Err(ProtocolError::Closed)));
         });
         let mut g = connect(&dir, &boot);
         match g.rekey(&new, None, Duration::from_secs(5)) {
@@ -720,56 +657,12 @@ mod tests {
     }
 
     #[test]
-    fn pipelined_handshake_and_rekey() {
-        let boot = SessionSecret::random().unwrap();
-        let new = SessionSecret::random().unwrap();
-        let expect = new.clone();
-        let policy = GuestPolicy {
-            allowlist: Some(vec!["echo".into()]),
-            ..GuestPolicy::default()
-        };
-        let want = policy.clone();
-        let (dir, t) = fake_guest(boot.clone(), move |s| {
-            let p = ack_rekey(s, &expect);
-            assert_eq!(p.policy, Some(want));
-            write_message(s, &pong_with(p.id, CAP_REKEY)).unwrap();
-        });
-        let path = dir.path().join("v.sock");
-        let s = try_connect(&path, AGENT_PORT, Duration::from_secs(5))
-            .unwrap()
-            .unwrap();
-        let (_, pong) =
-            GuestConn::handshake_rekey(s, &boot, &new, Some(policy), Duration::from_secs(5))
-                .unwrap();
-        assert!(pong.info.capabilities.iter().any(|c| c == CAP_REKEY));
-        t.join().unwrap();
-        // A wrong boot secret is refused before anything else is looked at.
-        let (dir, t) = fake_guest(boot.clone(), |_| panic!("must not be served"));
-        let s = try_connect(
-            &dir.path().join("v.sock"),
-            AGENT_PORT,
-            Duration::from_secs(5),
-        )
-        .unwrap()
-        .unwrap();
-        let wrong = SessionSecret::random().unwrap();
-        let r = GuestConn::handshake_rekey(s, &wrong, &new, None, Duration::from_secs(5));
-        assert!(
-            matches!(r, Err(SandboxError::AuthRejected)),
-            "{:?}",
-            r.err()
-        );
-        t.join().unwrap();
-    }
-
-    #[test]
     fn unanswered_rekey_times_out() {
         let boot = SessionSecret::random().unwrap();
         let new = SessionSecret::random().unwrap();
         let expect = new.clone();
         let (dir, t) = fake_guest(boot.clone(), move |s| {
             read_rekey(s, &expect);
-            assert!(matches!(read_message(s), Ok(Message::Ping(_))));
             // Silent until the host gives up and closes.
             assert!(read_message(s).is_err());
         });

@@ -153,13 +153,14 @@ pub struct BootTimings {
     pub to_booting: Duration,
     /// vCPUs released until the guest agent accepted a vsock connection.
     pub kernel_to_agent: Duration,
-    /// Authentication round trip (with the re-key, pipelined, unless the VM takes a golden
-    /// snapshot).
+    /// Authentication round trip.
     pub handshake: Duration,
     /// Spawn until authenticated.
     pub total: Duration,
-    /// The VM was restored from a snapshot: the VMM's restore time (else `None`).
+    /// The VM was restored from a snapshot: the VMM's restore time (else zero).
     pub restore: Option<Duration>,
+    /// Re-key (new secret, RNG reseed, clock) plus the policy handshake.
+    pub rekey: Duration,
 }
 
 /// A running micro-VM with an authenticated agent connection.
@@ -302,26 +303,9 @@ impl Sandbox {
         let hs_timeout = deadline
             .saturating_duration_since(connected)
             .max(Duration::from_secs(5));
-        // The boot secret authenticates the first handshake only. Golden creators keep it
-        // until the snapshot is written; every other VM is re-keyed at once, pipelined with
-        // the handshake (a new secret, an RNG reseed, the clock, then the policy under the new
-        // secret).
-        let new_secret = if cfg.snapshot_control {
-            None
-        } else {
-            Some(SessionSecret::random().map_err(SandboxError::io("session secret"))?)
-        };
-        let started = match &new_secret {
-            None => GuestConn::handshake(stream, &boot_secret, None, hs_timeout),
-            Some(new) => GuestConn::handshake_rekey(
-                stream,
-                &boot_secret,
-                new,
-                cfg.policy.clone(),
-                hs_timeout,
-            ),
-        };
-        let (conn, pong) = match started {
+        // The boot secret authenticates this first handshake only; the policy comes with
+        // the second one, under the rotated secret.
+        let (conn, pong) = match GuestConn::handshake(stream, &boot_secret, None, hs_timeout) {
             Ok(x) => x,
             Err(e) => {
                 if vmm.wait_timeout(Duration::from_millis(200)).is_some() {
@@ -331,19 +315,28 @@ impl Sandbox {
             }
         };
         let done = Instant::now();
-        let timings = boot_timings(&vmm, t0, connected, done);
-        Ok(Sandbox {
+        let mut timings = boot_timings(&vmm, t0, connected, done);
+        let mut sb = Sandbox {
             conn,
             vmm,
             dir,
-            secret: new_secret.unwrap_or(boot_secret),
+            secret: boot_secret,
             vsock_path,
             console_log,
             guest_info: pong.info,
-            timings,
+            timings: BootTimings::default(),
             stop_grace: cfg.stop_grace,
             policy: cfg.policy.clone(),
-        })
+        };
+        // Golden creators stay on the boot secret until the snapshot is written.
+        if !cfg.snapshot_control {
+            let t = Instant::now();
+            sb.rekey()?;
+            timings.rekey = t.elapsed();
+            timings.total = sb.vmm.spawned_at().elapsed();
+        }
+        sb.timings = timings;
+        Ok(sb)
     }
 
     /// Rotates the session secret (an authenticated re-key that also reseeds the guest RNG
