@@ -100,22 +100,17 @@ impl Cache {
     /// Takes the exclusive lock for `key`, calling `waiting` once if another process
     /// holds it.
     pub fn lock(&self, key: &str, waiting: &mut dyn FnMut()) -> Result<KeyLock, ImageError> {
-        use rustix::fs::{flock, FlockOperation};
+        use rustix::fs::FlockOperation;
         let dir = self.root.join("locks");
         fs::create_dir_all(&dir).map_err(ImageError::io(&dir))?;
         let path = dir.join(format!("{key}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(ImageError::io(&path))?;
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(KeyLock { _file: file }),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => waiting(),
-            Err(e) => return Err(ImageError::io(&path)(e.into())),
+        let file = open_lock_file(&path, 0o666).map_err(ImageError::io(&path))?;
+        if !try_flock(&file, FlockOperation::NonBlockingLockExclusive)
+            .map_err(ImageError::io(&path))?
+        {
+            waiting();
+            try_flock(&file, FlockOperation::LockExclusive).map_err(ImageError::io(&path))?;
         }
-        flock(&file, FlockOperation::LockExclusive).map_err(|e| ImageError::io(&path)(e.into()))?;
         Ok(KeyLock { _file: file })
     }
 
@@ -181,22 +176,15 @@ impl Cache {
 
     /// Resolves a unique hash prefix.
     pub fn resolve(&self, prefix: &str) -> Result<String, ImageError> {
-        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ImageError::NotFound(format!(
-                "{prefix:?} is not a hash prefix"
-            )));
-        }
-        let prefix = prefix.to_ascii_lowercase();
-        let mut found = self.find(&prefix)?;
-        match found.len() {
-            0 => Err(ImageError::NotFound(format!(
-                "no cached image matches {prefix}"
-            ))),
-            1 => Ok(found.remove(0)),
-            n => Err(ImageError::NotFound(format!(
-                "{prefix} is ambiguous ({n} images match); use a longer prefix"
-            ))),
-        }
+        const IMAGES: PrefixOf = PrefixOf {
+            key: "hash",
+            noun: "image",
+            hint: "",
+        };
+        let prefix = IMAGES.check(prefix).map_err(ImageError::NotFound)?;
+        IMAGES
+            .unique(&prefix, self.find(&prefix)?)
+            .map_err(ImageError::NotFound)
     }
 
     /// Removes one image (under its lock), then kernels no image refers to.
@@ -252,6 +240,64 @@ impl Cache {
             return remove_dir_atomically(staging, &self.tmp_dir()?);
         }
         fs::rename(staging, dest).map_err(ImageError::io(dest))
+    }
+}
+
+/// Opens (creating with `mode`) a lock file for [`try_flock`].
+pub fn open_lock_file(path: &Path, mode: u32) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(mode)
+        .open(path)
+}
+
+/// `flock(2)` with `op`: `Ok(false)` when a non-blocking `op` finds the lock held in a
+/// conflicting mode.
+pub fn try_flock(file: &File, op: rustix::fs::FlockOperation) -> std::io::Result<bool> {
+    match rustix::fs::flock(file, op) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a cache key prefix given on the command line names, for the messages of
+/// [`PrefixOf::check`] and [`PrefixOf::unique`].
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixOf {
+    /// What the prefix is a prefix of (`hash`, `snapshot key`).
+    pub key: &'static str,
+    /// What the cache holds (`image`, `snapshot`).
+    pub noun: &'static str,
+    /// Appended to the "nothing matches" message.
+    pub hint: &'static str,
+}
+
+impl PrefixOf {
+    /// The prefix in lower case, or why it cannot be one (empty, not hexadecimal).
+    pub fn check(&self, prefix: &str) -> Result<String, String> {
+        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{prefix:?} is not a {} prefix", self.key));
+        }
+        Ok(prefix.to_ascii_lowercase())
+    }
+
+    /// The one key in `found` (the keys starting with `prefix`), or why there is not one.
+    pub fn unique(&self, prefix: &str, mut found: Vec<String>) -> Result<String, String> {
+        match found.len() {
+            0 => Err(format!(
+                "no cached {} matches {prefix}{}",
+                self.noun, self.hint
+            )),
+            1 => Ok(found.remove(0)),
+            n => Err(format!(
+                "{prefix} is ambiguous ({n} {}s match); use a longer prefix",
+                self.noun
+            )),
+        }
     }
 }
 

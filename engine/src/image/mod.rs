@@ -463,7 +463,8 @@ fn info_json(info: &ImageInfo) -> String {
     .unwrap_or_default()
 }
 
-fn age(created: u64) -> u64 {
+/// Seconds since `created` (seconds since the epoch).
+pub fn age(created: u64) -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs().saturating_sub(created))

@@ -126,20 +126,12 @@ pub struct SnapshotStats {
 /// Identity of what a VM boots (image, its command line, extra parameters) for snapshot
 /// keys: the VMM refuses a snapshot taken of anything else.
 pub fn image_key(image: &GuestImage, extra_cmdline: &[String]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for part in [
-        image.hash.as_str(),
+    crate::image::manifest::content_hash(&(
+        &image.hash,
         image.profile.as_str(),
-        image.cmdline.as_str(),
-    ]
-    .into_iter()
-    .chain(extra_cmdline.iter().map(String::as_str))
-    {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(h.finalize())
+        &image.cmdline,
+        extra_cmdline,
+    ))
 }
 
 /// Where the time of a cold start went (all measured on the host).

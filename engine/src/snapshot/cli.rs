@@ -108,7 +108,7 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 fn age(unix_secs: u64) -> String {
-    human_age(unix(SystemTime::now()).saturating_sub(unix_secs))
+    human_age(crate::image::age(unix_secs))
 }
 
 fn run(cmd: SnapshotCommand) -> CliResult {

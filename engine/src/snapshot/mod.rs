@@ -15,8 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use sha2::{Digest, Sha256};
-
+use crate::image::manifest::content_hash;
 use crate::sandbox::{
     image_key, GuestImage, RestoreFrom, Sandbox, SandboxConfig, SandboxError, VmmLauncher,
 };
@@ -53,21 +52,15 @@ impl GoldenSpec {
 
     /// The cache key: SHA-256 over everything the snapshot depends on.
     pub fn key(&self) -> String {
-        let mut h = Sha256::new();
-        let fields = [
-            "voidbox-golden-snapshot".to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-            voidbox_vmm::snapshot::format::FORMAT_VERSION.to_string(),
+        content_hash(&(
+            "voidbox-golden-snapshot",
+            env!("CARGO_PKG_VERSION"),
+            voidbox_vmm::snapshot::format::FORMAT_VERSION,
             image_key(&self.image, &self.extra_cmdline),
-            self.memory_mb.to_string(),
-            self.vcpus.to_string(),
-            DEVICES.join(","),
-        ];
-        for f in fields {
-            h.update((f.len() as u64).to_le_bytes());
-            h.update(f.as_bytes());
-        }
-        hex::encode(h.finalize())
+            self.memory_mb,
+            self.vcpus,
+            DEVICES,
+        ))
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use voidbox_protocol::SessionSecret;
 
-use crate::image::cache::{is_hash, remove_dir_atomically};
+use crate::image::cache::{is_hash, open_lock_file, remove_dir_atomically, try_flock, PrefixOf};
 use crate::image::Cache;
 use crate::sandbox::RestoreFrom;
 
@@ -275,27 +275,19 @@ impl Store {
         mode: LockMode,
         wait: bool,
     ) -> Result<Option<EntryLock>, StoreError> {
-        use rustix::fs::{flock, FlockOperation as Op};
+        use rustix::fs::FlockOperation as Op;
         let dir = self.private_dir("locks")?;
         let path = dir.join(format!("{key}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io(&path))?;
+        let file = open_lock_file(&path, 0o600).map_err(io(&path))?;
         let op = match (mode, wait) {
             (LockMode::Shared, true) => Op::LockShared,
             (LockMode::Shared, false) => Op::NonBlockingLockShared,
             (LockMode::Exclusive, true) => Op::LockExclusive,
             (LockMode::Exclusive, false) => Op::NonBlockingLockExclusive,
         };
-        match flock(&file, op) {
-            Ok(()) => Ok(Some(EntryLock { _file: file })),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
-            Err(e) => Err(io(&path)(e.into())),
-        }
+        Ok(try_flock(&file, op)
+            .map_err(io(&path))?
+            .then_some(EntryLock { _file: file }))
     }
 
     /// The entry for `key`, if there is a complete one.
@@ -365,26 +357,20 @@ impl Store {
 
     /// Resolves a unique key prefix.
     pub fn resolve(&self, prefix: &str) -> Result<String, StoreError> {
-        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(StoreError::NotFound(format!(
-                "{prefix:?} is not a snapshot key prefix"
-            )));
-        }
-        let prefix = prefix.to_ascii_lowercase();
-        let mut found: Vec<String> = self
+        const SNAPSHOTS: PrefixOf = PrefixOf {
+            key: "snapshot key",
+            noun: "snapshot",
+            hint: " (see `voidbox snapshot ls`)",
+        };
+        let prefix = SNAPSHOTS.check(prefix).map_err(StoreError::NotFound)?;
+        let found = self
             .keys()
             .into_iter()
             .filter(|k| k.starts_with(&prefix))
             .collect();
-        match found.len() {
-            0 => Err(StoreError::NotFound(format!(
-                "no cached snapshot matches {prefix} (see `voidbox snapshot ls`)"
-            ))),
-            1 => Ok(found.remove(0)),
-            n => Err(StoreError::NotFound(format!(
-                "{prefix} is ambiguous ({n} snapshots match); use a longer prefix"
-            ))),
-        }
+        SNAPSHOTS
+            .unique(&prefix, found)
+            .map_err(StoreError::NotFound)
     }
 
     /// Removes one entry; refused while a VM restores from it.
