@@ -11,13 +11,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use voidbox::apply::cancel::NodeControl;
+use voidbox::apply::executor::VmExecutor;
+use voidbox::apply::progress::Silent;
+use voidbox::apply::scheduler::{run_plan, Attempt, Executor, Job, RunResult, SchedOptions};
+use voidbox::apply::{run_with_signals, VM_OVERHEAD_MB};
 use voidbox::image::ProgressMode;
 use voidbox::plan::Plan;
-use voidbox::run::control::NodeControl;
-use voidbox::run::progress::Silent;
-use voidbox::run::scheduler::{run_plan, Attempt, Executor, Job, RunResult, SchedOptions};
-use voidbox::run::vm::VmExecutor;
-use voidbox::run::{run_with_signals, VM_OVERHEAD_MB};
 use voidbox::sandbox::{vmm_process, GuestImage, VmmLauncher, VMM_SUBCOMMAND};
 
 struct Nothing;

@@ -32,6 +32,7 @@ pub enum Command {
     /// Print the JSON Schema of the spec language.
     Schema,
     /// Run a spec (`--dry-run` prints the plan without running anything).
+    #[command(after_help = apply_after_help())]
     Apply(ApplyArgs),
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
@@ -40,7 +41,7 @@ pub enum Command {
     #[command(subcommand)]
     Snapshot(crate::snapshot::cli::SnapshotCommand),
     /// Run one command in a fresh micro-VM (`voidbox run -- CMD [ARGS…]`).
-    Run(crate::sandbox::cli::RunArgs),
+    Run(crate::run::RunArgs),
     /// Internal: run the VMM for one VM in this process (started by the engine).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -93,8 +94,8 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "JSON|@FILE")]
     pub input: Option<String>,
     /// What stdout carries: the pipeline's output (human) or the JSON report (json).
-    #[arg(long, value_enum, default_value_t = crate::run::OutputFormat::Human)]
-    pub output: crate::run::OutputFormat,
+    #[arg(long, value_enum, default_value_t = crate::apply::OutputFormat::Human)]
+    pub output: crate::apply::OutputFormat,
     /// Write a JUnit XML report (one testcase per node) to PATH.
     #[arg(long, value_name = "PATH")]
     pub junit: Option<PathBuf>,
@@ -102,7 +103,7 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_parallel: Option<u32>,
     /// Per-node output cap (e.g. 16MiB); a larger output fails the node.
-    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = crate::run::data::parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = crate::apply::data::parse_size)]
     pub max_output: u64,
     /// Seconds to wait for each VM's guest agent to come up.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
@@ -114,6 +115,17 @@ pub struct ApplyArgs {
     /// `sandbox.snapshot`).
     #[arg(long)]
     pub no_snapshot: bool,
+}
+
+/// The limits `voidbox apply --help` documents after the options.
+fn apply_after_help() -> String {
+    use crate::limits::{DEFAULT_NODE_TIMEOUT_SECS, MAX_TIMEOUT_SECS};
+    format!(
+        "Timeouts: a node without `timeout_secs` gets the default node timeout, \
+         {DEFAULT_NODE_TIMEOUT_SECS} s; `timeout_secs` (node or pipeline) may be 1..={MAX_TIMEOUT_SECS}. \
+         The guest kills the command when its limit fires, and the host kills the VM 5 s later \
+         if it is still running. Reports name the limit that fired and its value."
+    )
 }
 
 /// Entry point of the `voidbox` binary.
@@ -139,7 +151,7 @@ pub fn main() -> ExitCode {
         Command::Apply(args) => apply_cmd(&args),
         Command::Image(cmd) => crate::image::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
-        Command::Run(args) => crate::sandbox::cli::run_cmd(&args),
+        Command::Run(args) => crate::run::run_cmd(&args),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
     }
 }
@@ -309,6 +321,14 @@ fn plural_suffix(prefix: &str, n: usize, word: &str) -> String {
 /// Loads, validates and compiles a spec for `graph` / `apply`; on failure prints diagnostics
 /// to stderr and returns the exit code.
 fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
+    load_plan_and_source(file, invalid_code).map(|(plan, _)| plan)
+}
+
+/// [`load_plan`], also returning the spec's text.
+fn load_plan_and_source(
+    file: &Path,
+    invalid_code: u8,
+) -> Result<(Plan, std::sync::Arc<str>), ExitCode> {
     let v = match validate_file(file) {
         Ok(v) => v,
         Err(e) => {
@@ -327,10 +347,13 @@ fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from("."));
-    Plan::compile(&spec, &dir).map_err(|e| {
-        eprintln!("error: {}: {e}", file.display());
-        ExitCode::from(invalid_code)
-    })
+    let source = v.report.source.clone();
+    Plan::compile(&spec, &dir)
+        .map(|plan| (plan, source))
+        .map_err(|e| {
+            eprintln!("error: {}: {e}", file.display());
+            ExitCode::from(invalid_code)
+        })
 }
 
 fn graph_cmd(args: &GraphArgs) -> ExitCode {
@@ -344,13 +367,17 @@ fn graph_cmd(args: &GraphArgs) -> ExitCode {
 }
 
 fn apply_cmd(args: &ApplyArgs) -> ExitCode {
-    let plan = match load_plan(&args.file, 2) {
+    let (plan, source) = match load_plan_and_source(&args.file, 2) {
         Ok(p) => p,
         Err(code) => return code,
     };
+    let spec = crate::apply::refusals::SpecSource::parse(
+        args.file.display().to_string(),
+        source.to_string(),
+    )
+    .map(std::sync::Arc::new);
     if args.dry_run {
-        print!("{}", render(&plan, GraphFormat::Text));
-        return ExitCode::SUCCESS;
+        return ExitCode::from(dry_run(&plan, spec.as_deref(), !args.no_snapshot));
     }
     if plan.mode == SandboxMode::Mock {
         eprintln!(
@@ -360,7 +387,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let input = args.input.as_deref().map(crate::run::parse_input);
+    let input = args.input.as_deref().map(crate::apply::parse_input);
     let input = match input.transpose() {
         Ok(i) => i,
         Err(e) => {
@@ -368,7 +395,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let opts = crate::run::ApplyOptions {
+    let opts = crate::apply::ApplyOptions {
         input,
         output: args.output,
         junit: args.junit.clone(),
@@ -377,7 +404,38 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         logs_dir: args.logs_dir.clone(),
         snapshots: !args.no_snapshot,
-        ..crate::run::ApplyOptions::default()
+        spec,
+        ..crate::apply::ApplyOptions::default()
     };
-    ExitCode::from(crate::run::apply(plan, &opts))
+    ExitCode::from(crate::apply::apply(plan, &opts))
+}
+
+/// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), else
+/// the plan. Checks that need the guest image run when it is cached; without it they are
+/// named as deferred.
+fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snapshots: bool) -> u8 {
+    use crate::apply::refusals;
+    if let Some(msg) = refusals::nothing_to_run(plan) {
+        eprintln!("{msg}");
+        return 2;
+    }
+    let Some(src) = spec else {
+        print!("{}", render(plan, GraphFormat::Text));
+        return 0;
+    };
+    let mut r = refusals::check_spec(plan, src);
+    if r.is_empty() {
+        match crate::sandbox::GuestImage::cached() {
+            Ok(Some(image)) => r = crate::apply::image_refusals(plan, src, &image, snapshots),
+            _ => eprintln!(
+                "note: no guest image is cached yet, so `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
+            ),
+        }
+    }
+    if !r.is_empty() {
+        eprint!("{}", refusals::render(src, &r));
+        return refusals::EXIT_REFUSED;
+    }
+    print!("{}", render(plan, GraphFormat::Text));
+    0
 }

@@ -3,10 +3,31 @@
 //! YAML specs (`agent`, `sandbox`, `pipeline`, `workflow`) are loaded with their source spans
 //! ([`spec`]), validated against the JSON Schema and semantic rules ([`validate`]), compiled
 //! into a petgraph DAG ([`plan`]) and rendered or executed.
+//!
+//! Where each command and concept lives (one module per command or concept):
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`cli`] | argument parsing and dispatch for every `voidbox` command |
+//! | [`spec`] | the spec model, the span-keeping YAML loader, the JSON Schema |
+//! | [`validate`] | `voidbox validate`: schema and semantic checks, located diagnostics |
+//! | [`diagnostic`] | the diagnostic type and its human / JSON / GitHub renderings |
+//! | [`plan`] | the compiled DAG and `voidbox graph` rendering |
+//! | [`apply`] | `voidbox apply`: scheduler, data passing, fan-out merge, failures, reports |
+//! | [`run`] | `voidbox run`: one command in a fresh micro-VM |
+//! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
+//! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
+//! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
+//! | [`suggest`] | "did you mean" suggestions |
+//! | [`limits`] | the one set of memory, vCPU and timeout limits every layer uses |
+//! | [`names`] | which names are refused, and how a name becomes a host file name |
 
+pub mod apply;
 pub mod cli;
 pub mod diagnostic;
 pub mod image;
+pub mod limits;
+pub mod names;
 pub mod plan;
 pub mod run;
 pub mod sandbox;

@@ -89,6 +89,7 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         guest_agent_sha256: inputs.guest_agent_sha256.clone(),
         init_sha256: sha256_hex(agent),
         busybox_version: "test".into(),
+        path_programs: None,
         vmlinux: Artifact::of(&dir, VMLINUX_FILE).unwrap(),
         initramfs: Artifact::of(&dir, INITRAMFS_FILE).unwrap(),
         config: Artifact::of(&dir, CONFIG_FILE).unwrap(),

@@ -10,10 +10,10 @@
 //! | `voidbox.allow=<a,b,…>` | command allowlist (bare names or absolute paths) |
 //! | `voidbox.rlimit.nofile=<n>` | `RLIMIT_NOFILE` of every child |
 //! | `voidbox.rlimit.nproc=<n>` | `RLIMIT_NPROC` of every child |
-//! | `voidbox.rlimit.fsize=<size>` | `RLIMIT_FSIZE` (bytes, `K`/`M`/`G` suffixes) |
-//! | `voidbox.rlimit.as=<size>` | `RLIMIT_AS` (bytes, `K`/`M`/`G` suffixes) |
-//! | `voidbox.timeout=<secs>` | default exec timeout |
-//! | `voidbox.timeout.max=<secs>` | largest timeout a request may ask for |
+//! | `voidbox.rlimit.fsize=<size>` | `RLIMIT_FSIZE` (bytes, `K`/`M`/`G` suffixes; whole MiB, rounded up) |
+//! | `voidbox.rlimit.as=<size>` | `RLIMIT_AS` (bytes, `K`/`M`/`G` suffixes; whole MiB, rounded up) |
+//! | `voidbox.timeout=<secs>` | default exec timeout (whole seconds, rounded up) |
+//! | `voidbox.timeout.max=<secs>` | largest timeout a request may ask for (same) |
 //! | `voidbox.max_output=<size>` | cap on stdout+stderr bytes streamed per exec |
 //! | `voidbox.max_execs=<n>` | cap on concurrently running execs/PTYs |
 //! | `voidbox.pty=0\|1` | whether PTY sessions may be opened (default 1) |
@@ -23,10 +23,9 @@
 
 use std::time::Duration;
 
-use voidbox_protocol::SessionSecret;
+use voidbox_protocol::{valid_allow_entry, GuestPolicy, SessionSecret};
 
 use crate::auth::{scrub_string, secret_from_hex};
-use crate::policy::{valid_allow_entry, PolicySpec};
 
 /// Default vsock port of the agent.
 pub const DEFAULT_PORT: u32 = 1234;
@@ -52,7 +51,7 @@ pub struct BootParams {
     /// vsock port (`voidbox.port`).
     pub port: Option<u32>,
     /// Policy parts (`voidbox.allow`, `voidbox.rlimit.*`, `voidbox.timeout*`).
-    pub policy: PolicySpec,
+    pub policy: GuestPolicy,
     /// Hostname (`voidbox.hostname`).
     pub hostname: Option<String>,
     /// Shutdown behaviour (`voidbox.shutdown`).
@@ -98,14 +97,14 @@ impl BootParams {
                 if let Some(bad) = list.iter().find(|e| !valid_allow_entry(e)) {
                     return Err(format!("bad allowlist entry `{bad}`"));
                 }
-                self.policy.allow = Some(list);
+                self.policy.allowlist = Some(list);
             }
             "rlimit.nofile" => self.policy.rlimits.nofile = Some(parse_size(value)?),
             "rlimit.nproc" => self.policy.rlimits.nproc = Some(parse_size(value)?),
-            "rlimit.fsize" => self.policy.rlimits.fsize = Some(parse_size(value)?),
-            "rlimit.as" => self.policy.rlimits.address_space = Some(parse_size(value)?),
-            "timeout" => self.policy.timeout = Some(parse_secs(value)?),
-            "timeout.max" => self.policy.max_timeout = Some(parse_secs(value)?),
+            "rlimit.fsize" => self.policy.rlimits.fsize_mb = Some(parse_mib(value)?),
+            "rlimit.as" => self.policy.rlimits.address_space_mb = Some(parse_mib(value)?),
+            "timeout" => self.policy.default_timeout_secs = Some(whole_secs(parse_secs(value)?)),
+            "timeout.max" => self.policy.max_timeout_secs = Some(whole_secs(parse_secs(value)?)),
             "max_output" => self.policy.max_output_bytes = Some(parse_size(value)?),
             "max_execs" => {
                 let n = parse_size(value)?;
@@ -197,6 +196,17 @@ pub fn parse_size(v: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size `{v}` overflows"))
 }
 
+/// [`parse_size`] in whole MiB, rounded up (`unlimited` stays unlimited: it converts back to
+/// `RLIM_INFINITY`, saturating).
+pub fn parse_mib(v: &str) -> Result<u64, String> {
+    Ok(parse_size(v)?.div_ceil(1 << 20))
+}
+
+/// Whole seconds, rounded up.
+fn whole_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 /// Parses a number of seconds (fractions allowed), which must be positive.
 pub fn parse_secs(v: &str) -> Result<Duration, String> {
     let secs: f64 = v
@@ -232,13 +242,13 @@ mod tests {
         assert_eq!(p.secret.as_ref().unwrap().as_bytes(), &[0xab; 32]);
         assert_eq!(p.port, Some(4000));
         assert_eq!(
-            p.policy.allow.as_deref(),
+            p.policy.allowlist.as_deref(),
             Some(&["sh".to_string(), "ls".into(), "/usr/bin/env".into()][..])
         );
         assert_eq!(p.policy.rlimits.nofile, Some(64));
-        assert_eq!(p.policy.rlimits.address_space, Some(512 << 20));
-        assert_eq!(p.policy.rlimits.fsize, Some(u64::MAX));
-        assert_eq!(p.policy.timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(p.policy.rlimits.address_space_mb, Some(512));
+        assert_eq!(p.policy.rlimits.fsize_bytes(), Some(u64::MAX));
+        assert_eq!(p.policy.default_timeout_secs, Some(3));
         assert_eq!(p.hostname.as_deref(), Some("box-1"));
         assert_eq!(p.shutdown, ShutdownMode::PowerOff);
         assert!(p.debug);
@@ -250,7 +260,7 @@ mod tests {
         let p = BootParams::parse(
             "voidbox.secret=xyz voidbox.port=-1 voidbox.allow=a/b voidbox.timeout=0".into(),
         );
-        assert!(p.secret.is_none() && p.port.is_none() && p.policy.allow.is_none());
+        assert!(p.secret.is_none() && p.port.is_none() && p.policy.allowlist.is_none());
         assert_eq!(p.warnings.len(), 4);
     }
 

@@ -1,9 +1,11 @@
 //! Running programs for ExecRequest (and, via [`Command`], PtyOpen).
 //!
 //! * Policy first: the program is resolved and checked against the allowlist before
-//!   anything is created; failures are answered with an `Error` (`NotAllowed`,
-//!   `InvalidRequest`, `ResourceLimit`). A program that passes but cannot be started
-//!   (exec failure, bad workdir) gets an `ExecResponse` with `error` set and exit code 127.
+//!   anything is created. A program outside the allowlist gets an `ExecResponse` with exit
+//!   code 126 and `error` naming it ([`refused`]); other failures are answered with an
+//!   `Error` (`NotFound`, `InvalidRequest`, `ResourceLimit`). A program that passes but
+//!   cannot be started (exec failure, bad workdir) gets an `ExecResponse` with `error` set
+//!   and exit code 127. Children of an allowed program are not filtered.
 //! * Every child runs as uid/gid 1000 with no supplementary groups, the policy's rlimits,
 //!   in a new session/process group ([`crate::spawn`]).
 //! * The [`crate::watchdog`] SIGKILLs the whole process group at the deadline
@@ -22,7 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use voidbox_protocol::{
-    ErrorCode, ExecOutputChunk, ExecRequest, ExecResponse, Message, OutputStream, OUTPUT_CHUNK_SIZE,
+    ErrorCode, ExecOutputChunk, ExecRequest, ExecResponse, Message, OutputStream, RequestId,
+    EXIT_NOT_ALLOWED, OUTPUT_CHUNK_SIZE,
 };
 
 use crate::policy::{Policy, SYSTEM_PATH};
@@ -182,8 +185,8 @@ impl Command {
         let rlimits = [
             (libc::RLIMIT_NOFILE, r.nofile),
             (libc::RLIMIT_NPROC, r.nproc),
-            (libc::RLIMIT_FSIZE, r.fsize),
-            (libc::RLIMIT_AS, r.address_space),
+            (libc::RLIMIT_FSIZE, r.fsize_bytes()),
+            (libc::RLIMIT_AS, r.address_space_bytes()),
         ]
         .into_iter()
         .filter_map(|(res, v)| v.map(|v| (res as libc::c_int, v)))
@@ -271,6 +274,17 @@ fn feed_stdin(w: OwnedFd, src: StdinSource) {
                 return;
             }
         }
+    }
+}
+
+/// The response to an exec whose program is outside the command allowlist: nothing ran,
+/// exit code [`EXIT_NOT_ALLOWED`] (126), `error` names the program.
+pub fn refused(id: RequestId, message: String) -> ExecResponse {
+    ExecResponse {
+        id,
+        exit_code: Some(EXIT_NOT_ALLOWED),
+        error: Some(message),
+        ..Default::default()
     }
 }
 

@@ -351,6 +351,88 @@ impl Roots {
     }
 }
 
+impl Roots {
+    /// The entries of a directory (sorted by name, without `.` and `..`, at most
+    /// `max` of them; the flag says whether more existed). Entries are `lstat`ed: a
+    /// symlink is reported as one, never followed.
+    pub fn list_dir(
+        &self,
+        path: &str,
+        max: usize,
+    ) -> FileResult<(Vec<voidbox_protocol::DirEntry>, bool)> {
+        use std::os::unix::ffi::OsStrExt;
+        let (_, rootfd, rel) = self.locate(path)?;
+        let fd = open_in_root(
+            rootfd,
+            &rel,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| FileError::io(path, e))?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        // SAFETY: `raw` is an open directory fd; on success the DIR stream owns it.
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so we still own `raw`.
+            unsafe { libc::close(raw) };
+            return Err(FileError::io(path, e));
+        }
+        let mut entries = Vec::new();
+        let mut truncated = false;
+        loop {
+            // SAFETY: `dir` is a valid DIR stream until closedir below.
+            let ent = unsafe { libc::readdir64(dir) };
+            if ent.is_null() {
+                break;
+            }
+            // SAFETY: readdir64 returned a valid entry with a NUL-terminated name.
+            let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
+            let bytes = name.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            if entries.len() >= max {
+                truncated = true;
+                break;
+            }
+            // SAFETY: libc::stat is plain data filled by fstatat.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid dir fd, NUL-terminated name, valid out pointer.
+            let ok = unsafe {
+                libc::fstatat(
+                    libc::dirfd(dir),
+                    name.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            } == 0;
+            let utf8 = std::str::from_utf8(bytes).ok();
+            let kind = match (ok, utf8, st.st_mode & libc::S_IFMT) {
+                (true, Some(_), libc::S_IFREG) => FileKind::File,
+                (true, Some(_), libc::S_IFDIR) => FileKind::Dir,
+                (true, Some(_), libc::S_IFLNK) => FileKind::Symlink,
+                _ => FileKind::Other,
+            };
+            entries.push(voidbox_protocol::DirEntry {
+                name: std::ffi::OsStr::from_bytes(bytes)
+                    .to_string_lossy()
+                    .into_owned(),
+                kind,
+                size: if kind == FileKind::File {
+                    u64::try_from(st.st_size).unwrap_or(0)
+                } else {
+                    0
+                },
+            });
+        }
+        // SAFETY: closes the stream and its fd exactly once.
+        unsafe { libc::closedir(dir) };
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((entries, truncated))
+    }
+}
+
 /// Metadata returned by [`Roots::stat`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -545,6 +627,34 @@ mod tests {
         }
         assert!(!ws.join("etc").exists() && !ws.join("proc").exists());
         assert_eq!(r.stat("/workspace/abs").unwrap().kind, FileKind::Symlink);
+    }
+
+    #[test]
+    fn list_dir_lstats_and_stays_inside() {
+        let (tmp, roots) = setup();
+        let ws = tmp.path().join("workspace");
+        std::fs::create_dir_all(ws.join("out/sub")).unwrap();
+        std::fs::write(ws.join("out/a.txt"), b"hello").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.join("out/link")).unwrap();
+        let (entries, truncated) = roots.list_dir("/workspace/out", 10).unwrap();
+        assert!(!truncated);
+        let got: Vec<(&str, FileKind, u64)> = entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.kind, e.size))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a.txt", FileKind::File, 5),
+                ("link", FileKind::Symlink, 0),
+                ("sub", FileKind::Dir, 0)
+            ]
+        );
+        let (few, truncated) = roots.list_dir("/workspace/out", 1).unwrap();
+        assert_eq!((few.len(), truncated), (1, true));
+        assert!(roots.list_dir("/workspace/out/link", 10).is_err());
+        assert!(roots.list_dir("/tmp", 10).is_err());
+        assert!(roots.list_dir("/workspace/missing", 10).is_err());
     }
 
     #[test]

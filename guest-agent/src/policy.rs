@@ -3,116 +3,43 @@
 //! The policy is fixed before the first request is served: it comes from the boot
 //! parameters (or, on the host, the command line) and may only be *narrowed* by the
 //! authenticated handshake. It is never read from a file that the host could write later.
+//! Its one wire/config type is [`GuestPolicy`] (from `voidbox-protocol`, shared with the
+//! engine); [`Policy`] is the compiled form: defaults filled in, allowlist resolved.
+//!
+//! The allowlist governs what the agent itself executes. Children of an allowed program
+//! are not filtered: `sh -c "tr a-z A-Z"` needs only `sh` on the list.
 
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use voidbox_protocol::{ErrorCode, GuestPolicy};
+pub use voidbox_protocol::valid_allow_entry;
+use voidbox_protocol::{ErrorCode, GuestPolicy, ResourceLimits};
 
 /// Search path used for bare program names of allowlist entries, and the default `PATH`
 /// of every child.
 pub const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
 /// Default exec timeout when neither the policy nor the request names one.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_TIMEOUT: Duration =
+    Duration::from_secs(voidbox_protocol::DEFAULT_EXEC_TIMEOUT_SECS);
 
-/// Hard cap on any exec timeout unless the policy sets its own.
-pub const DEFAULT_MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// Resource limits applied to every child (`None` = inherit the agent's limit).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Rlimits {
-    /// `RLIMIT_NOFILE`: open file descriptors.
-    pub nofile: Option<u64>,
-    /// `RLIMIT_NPROC`: processes of uid 1000 (counted per user, not per exec).
-    pub nproc: Option<u64>,
-    /// `RLIMIT_FSIZE`: largest file a child may write, in bytes.
-    pub fsize: Option<u64>,
-    /// `RLIMIT_AS`: address-space size, in bytes.
-    pub address_space: Option<u64>,
-}
-
-impl Rlimits {
-    /// The limits every child gets when nothing else is configured.
-    pub const DEFAULT: Rlimits = Rlimits {
-        nofile: Some(1024),
-        nproc: Some(1024),
-        fsize: Some(4 << 30),
-        address_space: None,
-    };
-
-    /// Field-wise minimum (a limit set on either side wins; the smaller one if both).
-    pub fn narrow(self, other: Rlimits) -> Rlimits {
-        fn min(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-            match (a, b) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        }
-        Rlimits {
-            nofile: min(self.nofile, other.nofile),
-            nproc: min(self.nproc, other.nproc),
-            fsize: min(self.fsize, other.fsize),
-            address_space: min(self.address_space, other.address_space),
-        }
-    }
-}
-
-/// A partial policy as given by boot parameters, flags or the handshake.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PolicySpec {
-    /// Allowed programs: bare names (resolved through [`SYSTEM_PATH`]) or absolute paths.
-    /// `None` = not specified.
-    pub allow: Option<Vec<String>>,
-    /// Resource limits; unset fields are not specified.
-    pub rlimits: Rlimits,
-    /// Default exec timeout.
-    pub timeout: Option<Duration>,
-    /// Largest timeout a request may ask for.
-    pub max_timeout: Option<Duration>,
-    /// Cap on stdout + stderr bytes streamed per exec.
-    pub max_output_bytes: Option<u64>,
-    /// Cap on execs/PTYs running at once.
-    pub max_concurrent_execs: Option<u32>,
-    /// Whether PTY sessions may be opened.
-    pub allow_pty: Option<bool>,
-}
-
-impl PolicySpec {
-    /// Converts the policy carried by the handshake.
-    pub fn from_guest_policy(p: &GuestPolicy) -> PolicySpec {
-        let secs = |s: Option<u64>| s.filter(|&s| s > 0).map(Duration::from_secs);
-        PolicySpec {
-            allow: p.allowlist.clone(),
-            rlimits: Rlimits {
-                nofile: p.rlimits.nofile,
-                nproc: p.rlimits.nproc,
-                fsize: p.rlimits.fsize,
-                address_space: p.rlimits.as_bytes,
-            },
-            timeout: secs(p.default_timeout_secs),
-            max_timeout: secs(p.max_timeout_secs),
-            max_output_bytes: p.max_output_bytes,
-            max_concurrent_execs: p.max_concurrent_execs,
-            allow_pty: p.allow_pty,
-        }
-    }
-}
+/// Hard cap on any exec timeout unless the policy sets its own: the spec schema's maximum
+/// `timeout_secs`, so a timeout `validate` accepts is never clamped.
+pub const DEFAULT_MAX_TIMEOUT: Duration =
+    Duration::from_secs(voidbox_protocol::MAX_EXEC_TIMEOUT_SECS);
 
 /// Default cap on concurrently running execs/PTYs.
 pub const DEFAULT_MAX_CONCURRENT: u32 = 64;
 
-/// The effective policy enforced for every exec.
+/// The effective policy enforced for every exec, compiled from a [`GuestPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// `None` = every program may run; `Some(list)` = only these.
-    allow: Option<Vec<String>>,
-    /// Normalised absolute paths of the allowlist entries that exist.
-    allowed_paths: Vec<PathBuf>,
-    /// Limits applied to each child.
-    pub rlimits: Rlimits,
+    /// What was explicitly set (boot parameters, narrowed by handshakes); defaults are not
+    /// part of it, so a later handshake may still set a value the boot parameters left open.
+    spec: GuestPolicy,
+    /// Limits applied to each child ([`ResourceLimits::DEFAULT`] where unset).
+    pub rlimits: ResourceLimits,
     /// Timeout used when the request gives none.
     pub default_timeout: Duration,
     /// Cap on requested timeouts.
@@ -127,55 +54,39 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy::from_spec(&PolicySpec::default())
+        Policy::from_spec(&GuestPolicy::default())
     }
 }
 
 impl Policy {
     /// Builds the effective policy from a spec, filling in defaults.
-    pub fn from_spec(spec: &PolicySpec) -> Policy {
-        let rlimits = Rlimits {
-            nofile: spec.rlimits.nofile.or(Rlimits::DEFAULT.nofile),
-            nproc: spec.rlimits.nproc.or(Rlimits::DEFAULT.nproc),
-            fsize: spec.rlimits.fsize.or(Rlimits::DEFAULT.fsize),
-            address_space: spec
-                .rlimits
-                .address_space
-                .or(Rlimits::DEFAULT.address_space),
-        };
-        let max_timeout = spec.max_timeout.unwrap_or(DEFAULT_MAX_TIMEOUT);
-        let default_timeout = spec.timeout.unwrap_or(DEFAULT_TIMEOUT).min(max_timeout);
-        let mut p = Policy {
-            allow: None,
-            allowed_paths: Vec::new(),
-            rlimits,
+    pub fn from_spec(spec: &GuestPolicy) -> Policy {
+        let secs = |s: Option<u64>| s.filter(|&s| s > 0).map(Duration::from_secs);
+        let max_timeout = secs(spec.max_timeout_secs).unwrap_or(DEFAULT_MAX_TIMEOUT);
+        let default_timeout = secs(spec.default_timeout_secs)
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .min(max_timeout);
+        Policy {
+            spec: spec.clone(),
+            rlimits: spec.rlimits.or_default(),
             default_timeout,
             max_timeout,
             max_output_bytes: spec.max_output_bytes,
             max_concurrent_execs: spec.max_concurrent_execs.unwrap_or(DEFAULT_MAX_CONCURRENT),
             allow_pty: spec.allow_pty.unwrap_or(true),
-        };
-        p.set_allow(spec.allow.clone());
-        p
+        }
     }
 
-    fn set_allow(&mut self, allow: Option<Vec<String>>) {
-        self.allowed_paths = allow
-            .iter()
-            .flatten()
-            .filter_map(|entry| resolve_program(entry, SYSTEM_PATH).ok())
-            .collect();
-        self.allow = allow;
-    }
-
-    /// Returns a policy that is at most as permissive as `self` and `spec` together:
-    /// allowlists intersect, limits and timeouts take the minimum.
-    pub fn narrow(&self, spec: &PolicySpec) -> Policy {
-        let allow = match (&self.allow, &spec.allow) {
-            (None, other) => other.clone(),
+    /// Returns a policy that is at most as permissive as `self` and `other` together:
+    /// allowlists intersect, limits and timeouts take the minimum of what either sets.
+    /// Defaults fill in only what neither sets.
+    pub fn narrow(&self, other: &GuestPolicy) -> Policy {
+        let mine = &self.spec;
+        let allowlist = match (&mine.allowlist, &other.allowlist) {
+            (None, theirs) => theirs.clone(),
             (Some(mine), None) => Some(mine.clone()),
             (Some(mine), Some(theirs)) => {
-                // Intersect by resolved path so `sh` and `/bin/sh` meet.
+                // Intersect by name and by resolved path so `sh` and `/bin/sh` meet.
                 let theirs_paths: Vec<PathBuf> = theirs
                     .iter()
                     .filter_map(|e| resolve_program(e, SYSTEM_PATH).ok())
@@ -183,46 +94,43 @@ impl Policy {
                 Some(
                     mine.iter()
                         .filter(|e| {
-                            resolve_program(e, SYSTEM_PATH)
-                                .map(|p| theirs_paths.contains(&p))
-                                .unwrap_or(false)
+                            theirs.contains(e)
+                                || resolve_program(e, SYSTEM_PATH)
+                                    .map(|p| theirs_paths.contains(&p))
+                                    .unwrap_or(false)
                         })
                         .cloned()
                         .collect(),
                 )
             }
         };
-        let max_timeout = spec
-            .max_timeout
-            .map_or(self.max_timeout, |t| t.min(self.max_timeout));
-        let default_timeout = spec
-            .timeout
-            .map_or(self.default_timeout, |t| t.min(self.default_timeout))
-            .min(max_timeout);
-        let mut p = Policy {
-            allow: None,
-            allowed_paths: Vec::new(),
-            rlimits: self.rlimits.narrow(spec.rlimits),
-            default_timeout,
-            max_timeout,
-            max_output_bytes: match (self.max_output_bytes, spec.max_output_bytes) {
+        fn min<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
+            }
+        }
+        let pos = |s: Option<u64>| s.filter(|&s| s > 0);
+        Policy::from_spec(&GuestPolicy {
+            allowlist,
+            rlimits: mine.rlimits.narrow(other.rlimits),
+            default_timeout_secs: min(
+                pos(mine.default_timeout_secs),
+                pos(other.default_timeout_secs),
+            ),
+            max_timeout_secs: min(pos(mine.max_timeout_secs), pos(other.max_timeout_secs)),
+            max_output_bytes: min(mine.max_output_bytes, other.max_output_bytes),
+            max_concurrent_execs: min(mine.max_concurrent_execs, other.max_concurrent_execs),
+            allow_pty: match (mine.allow_pty, other.allow_pty) {
+                (Some(a), Some(b)) => Some(a && b),
+                (a, b) => a.or(b),
             },
-            max_concurrent_execs: spec
-                .max_concurrent_execs
-                .map_or(self.max_concurrent_execs, |n| {
-                    n.min(self.max_concurrent_execs)
-                }),
-            allow_pty: self.allow_pty && spec.allow_pty.unwrap_or(true),
-        };
-        p.set_allow(allow);
-        p
+        })
     }
 
     /// The allowlist as configured (`None` = unrestricted).
     pub fn allowlist(&self) -> Option<&[String]> {
-        self.allow.as_deref()
+        self.spec.allowlist.as_deref()
     }
 
     /// Resolves `program` (bare names through `search_path`) and checks it against the
@@ -246,24 +154,34 @@ impl Policy {
             ));
         }
         let resolved = resolve_program(program, search_path).map_err(|e| {
-            if self.allow.is_some() && !self.is_listed_name(program) {
+            if self.spec.allowlist.is_some() && !self.is_listed_name(program) {
                 (ErrorCode::NotAllowed, self.denial(program))
             } else {
                 (ErrorCode::NotFound, e)
             }
         })?;
-        if self.allow.is_some() && !self.allowed_paths.contains(&resolved) {
+        if self.spec.allowlist.is_some() && !self.allows(&resolved) {
             return Err((ErrorCode::NotAllowed, self.denial(program)));
         }
         Ok(resolved)
     }
 
+    /// Whether an allowlist entry resolves to `resolved`. Entries are resolved now, not when
+    /// the policy arrived, so a listed program that appears later (an input, a mount) runs.
+    fn allows(&self, resolved: &Path) -> bool {
+        self.spec
+            .allowlist
+            .iter()
+            .flatten()
+            .any(|e| resolve_program(e, SYSTEM_PATH).is_ok_and(|p| p == resolved))
+    }
+
     fn is_listed_name(&self, program: &str) -> bool {
-        self.allow.iter().flatten().any(|e| e == program)
+        self.spec.allowlist.iter().flatten().any(|e| e == program)
     }
 
     fn denial(&self, program: &str) -> String {
-        let list = self.allow.as_deref().unwrap_or_default();
+        let list = self.spec.allowlist.as_deref().unwrap_or_default();
         if list.is_empty() {
             format!("program `{program}` is not allowed: the command allowlist is empty")
         } else {
@@ -330,24 +248,13 @@ fn is_executable(p: &Path) -> bool {
     }
 }
 
-/// `true` when `s` is a plausible program name for an allowlist entry.
-pub fn valid_allow_entry(s: &str) -> bool {
-    !s.is_empty()
-        && !s.as_bytes().contains(&0)
-        && (s.starts_with('/') || !s.contains('/'))
-        && OsStr::new(s)
-            .as_bytes()
-            .iter()
-            .all(|b| !b.is_ascii_whitespace())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn allow(list: &[&str]) -> Policy {
-        Policy::from_spec(&PolicySpec {
-            allow: Some(list.iter().map(|s| s.to_string()).collect()),
+        Policy::from_spec(&GuestPolicy {
+            allowlist: Some(list.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
         })
     }
@@ -380,6 +287,21 @@ mod tests {
     }
 
     #[test]
+    fn entries_resolve_when_checked_not_when_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("tool");
+        let p = allow(&[tool.to_str().unwrap()]);
+        let (code, _) = p
+            .check_program(tool.to_str().unwrap(), SYSTEM_PATH)
+            .unwrap_err();
+        assert_eq!(code, ErrorCode::NotFound);
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(p.check_program(tool.to_str().unwrap(), SYSTEM_PATH).is_ok());
+    }
+
+    #[test]
     fn unrestricted_without_allowlist() {
         let p = Policy::default();
         assert!(p.check_program("ls", SYSTEM_PATH).is_ok());
@@ -388,24 +310,24 @@ mod tests {
 
     #[test]
     fn narrowing_only_tightens() {
-        let base = Policy::from_spec(&PolicySpec {
-            allow: Some(vec!["sh".into(), "ls".into()]),
-            rlimits: Rlimits {
+        let base = Policy::from_spec(&GuestPolicy {
+            allowlist: Some(vec!["sh".into(), "ls".into()]),
+            rlimits: ResourceLimits {
                 nofile: Some(100),
                 ..Default::default()
             },
-            timeout: Some(Duration::from_secs(10)),
+            default_timeout_secs: Some(10),
             ..Default::default()
         });
-        let n = base.narrow(&PolicySpec {
-            allow: Some(vec!["/bin/sh".into(), "rm".into()]),
-            rlimits: Rlimits {
+        let n = base.narrow(&GuestPolicy {
+            allowlist: Some(vec!["/bin/sh".into(), "rm".into()]),
+            rlimits: ResourceLimits {
                 nofile: Some(1000),
                 nproc: Some(5),
                 ..Default::default()
             },
-            timeout: Some(Duration::from_secs(60)),
-            max_timeout: Some(Duration::from_secs(30)),
+            default_timeout_secs: Some(60),
+            max_timeout_secs: Some(30),
             allow_pty: Some(false),
             ..Default::default()
         });
@@ -418,5 +340,45 @@ mod tests {
             n.timeout_for(Some(Duration::from_secs(100))),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn defaults_are_not_ceilings() {
+        // Nothing set at boot: the handshake may raise a limit above the default, and may
+        // allow a timeout longer than the default cap.
+        let p = Policy::default();
+        assert_eq!(p.rlimits, ResourceLimits::DEFAULT);
+        let n = p.narrow(&GuestPolicy {
+            rlimits: ResourceLimits {
+                nofile: Some(65536),
+                address_space_mb: Some(2048),
+                ..Default::default()
+            },
+            max_timeout_secs: Some(7200),
+            ..Default::default()
+        });
+        assert_eq!(n.rlimits.nofile, Some(65536));
+        assert_eq!(n.rlimits.nproc, ResourceLimits::DEFAULT.nproc);
+        assert_eq!(n.rlimits.address_space_mb, Some(2048));
+        assert_eq!(
+            n.timeout_for(Some(Duration::from_secs(5000))),
+            Duration::from_secs(5000)
+        );
+        // What the boot parameters set stays a ceiling.
+        let boot = Policy::from_spec(&GuestPolicy {
+            rlimits: ResourceLimits {
+                nofile: Some(64),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let n = boot.narrow(&GuestPolicy {
+            rlimits: ResourceLimits {
+                nofile: Some(65536),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        assert_eq!(n.rlimits.nofile, Some(64));
     }
 }

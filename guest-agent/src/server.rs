@@ -20,14 +20,15 @@ use std::time::Duration;
 
 use voidbox_protocol::blocking::read_message;
 use voidbox_protocol::{
-    Ack, ErrorCode, ExecRequest, FileChunk, FileStatResponse, GuestInfo, Message, Ping, Pong,
-    ProtocolError, Rekey, RequestId, SessionSecret, ShutdownAction, WriteFile, FILE_CHUNK_SIZE,
+    Ack, ErrorCode, ExecRequest, FileChunk, FileStatResponse, GuestInfo, GuestPolicy, Message,
+    Ping, Pong, ProtocolError, Rekey, RequestId, SessionSecret, ShutdownAction, WriteFile,
+    FILE_CHUNK_SIZE,
 };
 
 use crate::cmdline::ShutdownMode;
 use crate::exec::{self, ActiveGuard, Command, ExecEnv, Sink, StdinChunk, StdinSource};
 use crate::files::{FileWriter, Roots};
-use crate::policy::{Policy, PolicySpec};
+use crate::policy::Policy;
 use crate::reaper::ExitSlot;
 use crate::rekey::{self, RekeyMode};
 use crate::{auth, pty, telemetry};
@@ -173,9 +174,13 @@ impl Agent {
         Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn narrow_policy(&self, spec: &PolicySpec) {
+    /// Narrows the policy in force by a handshake's; a policy the guest cannot enforce is
+    /// refused (nothing changes) with the reason.
+    fn narrow_policy(&self, spec: &GuestPolicy) -> Result<(), String> {
+        spec.validate()?;
         let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
         *p = Arc::new(p.narrow(spec));
+        Ok(())
     }
 
     /// Binds the listener and serves forever (returns only on a listener error).
@@ -392,8 +397,14 @@ impl Connection {
         };
         match self.agent.authenticate(first) {
             Ok(ping) => {
-                if let Some(p) = &ping.policy {
-                    self.agent.narrow_policy(&PolicySpec::from_guest_policy(p));
+                if let Some(Err(e)) = ping.policy.as_ref().map(|p| self.agent.narrow_policy(p)) {
+                    crate::log!("refused a handshake policy: {e}");
+                    self.writer.error(
+                        ping.id,
+                        ErrorCode::InvalidRequest,
+                        format!("policy refused: {e}"),
+                    );
+                    return false;
                 }
                 let _ = self.stream.set_read_timeout(None);
                 self.writer
@@ -479,14 +490,21 @@ impl Connection {
         let id = msg.id();
         match msg {
             Message::Ping(ping) => match self.agent.authenticate(Message::Ping(ping)) {
-                Ok(ping) => {
-                    if let Some(p) = &ping.policy {
-                        self.agent.narrow_policy(&PolicySpec::from_guest_policy(p));
+                Ok(ping) => match ping.policy.as_ref().map(|p| self.agent.narrow_policy(p)) {
+                    Some(Err(e)) => {
+                        crate::log!("refused a handshake policy: {e}");
+                        self.writer.error(
+                            id,
+                            ErrorCode::InvalidRequest,
+                            format!("policy refused: {e}"),
+                        );
                     }
-                    let _ = self
-                        .writer
-                        .send(&Message::Pong(Pong::new(id, self.agent.guest_info())));
-                }
+                    _ => {
+                        let _ = self
+                            .writer
+                            .send(&Message::Pong(Pong::new(id, self.agent.guest_info())));
+                    }
+                },
                 Err(rejected) => {
                     let _ = self.writer.send(&rejected.1);
                 }
@@ -599,6 +617,24 @@ impl Connection {
                 }
                 Err(e) => self.writer.error(id, e.code, e.message),
             },
+            Message::ListDir(l) => {
+                match self
+                    .agent
+                    .roots
+                    .list_dir(&l.path, voidbox_protocol::MAX_DIR_ENTRIES)
+                {
+                    Ok((entries, truncated)) => {
+                        let _ =
+                            self.writer
+                                .send(&Message::DirListing(voidbox_protocol::DirListing {
+                                    id,
+                                    entries,
+                                    truncated,
+                                }));
+                    }
+                    Err(e) => self.writer.error(id, e.code, e.message),
+                }
+            }
             Message::PtyOpen(p) => self.pty_open(p),
             Message::PtyData(d) => {
                 let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
@@ -689,6 +725,14 @@ impl Connection {
             &[],
         ) {
             Ok(c) => c,
+            // Refused by the allowlist: answered like a shell would (exit 126), nothing ran.
+            Err((ErrorCode::NotAllowed, msg)) => {
+                crate::debug!("exec {id} refused: {msg}");
+                let _ = self
+                    .writer
+                    .send(&Message::ExecResponse(exec::refused(id, msg)));
+                return;
+            }
             Err((code, msg)) => return self.writer.error(id, code, msg),
         };
         let guard = match ActiveGuard::acquire(policy.max_concurrent_execs) {

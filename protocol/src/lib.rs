@@ -56,7 +56,9 @@ pub use frame::{Frame, FrameHeader, HEADER_LEN, MAX_MESSAGE_SIZE};
 pub use handshake::{ct_eq, InvalidSecret, SessionSecret, PROTOCOL_VERSION, SECRET_LEN};
 pub use message::*;
 pub use mux::RequestIdAllocator;
-pub use policy::{GuestInfo, GuestPolicy, ResourceLimits, CAP_REKEY, CAP_REKEY_SECRET_ONLY};
+pub use policy::{
+    valid_allow_entry, GuestInfo, GuestPolicy, ResourceLimits, CAP_REKEY, CAP_REKEY_SECRET_ONLY,
+};
 pub use redact::is_sensitive_env_name;
 /// Wrapper that zeroes its contents on drop (used for [`Rekey::entropy`]).
 pub use zeroize::Zeroizing;
@@ -66,3 +68,11 @@ pub const OUTPUT_CHUNK_SIZE: usize = 64 * 1024;
 
 /// Recommended maximum data bytes per [`FileChunk`] frame (and inline [`WriteFile`] contents).
 pub const FILE_CHUNK_SIZE: usize = 1024 * 1024;
+
+/// Exec timeout, in seconds, when a request sets none (the engine's documented default node
+/// timeout; the engine always sends one).
+pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 1800;
+
+/// Largest exec timeout, in seconds: the guest agent's ceiling and the spec schema's maximum
+/// `timeout_secs`, so no accepted timeout is ever cut short.
+pub const MAX_EXEC_TIMEOUT_SECS: u64 = 86_400;

@@ -122,6 +122,10 @@ message_types! {
     FileStat = 0x24, false;
     /// Guest → host: metadata of a path.
     FileStatResponse = 0x25, false;
+    /// Host → guest: list a directory. Answered by `DirListing`.
+    ListDir = 0x26, false;
+    /// Guest → host: the entries of a directory.
+    DirListing = 0x27, false;
     /// Host → guest: open an interactive PTY session. Answered by `Ack`.
     PtyOpen = 0x30, false;
     /// Either direction: terminal bytes. Binary.
@@ -430,6 +434,10 @@ impl fmt::Debug for ExecOutputChunk {
     }
 }
 
+/// [`ExecResponse::exit_code`] of an exec the guest refused because its program is outside
+/// the command allowlist (the shell's "found but cannot execute").
+pub const EXIT_NOT_ALLOWED: i32 = 126;
+
 /// Final status of an exec or PTY session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecResponse {
@@ -447,9 +455,11 @@ pub struct ExecResponse {
     /// Wall-clock run time in milliseconds.
     #[serde(default)]
     pub duration_ms: u64,
-    /// Set when the program passed the policy but could not be started (exec error, bad
-    /// workdir); `exit_code` is then `Some(127)`. Policy denials and invalid requests are
-    /// answered with [`ErrorResponse`] instead (`NotAllowed`, `InvalidRequest`, ...).
+    /// Set when nothing ran: the program is outside the command allowlist (`exit_code`
+    /// [`EXIT_NOT_ALLOWED`], the message names the program), or it passed the policy but
+    /// could not be started (exec error, bad workdir; `exit_code` 127). Invalid requests and
+    /// other refusals are answered with [`ErrorResponse`] instead (`InvalidRequest`,
+    /// `NotFound`, `ResourceLimit`, ...).
     #[serde(default)]
     pub error: Option<String>,
     /// Total stdout bytes produced (including any dropped beyond the output cap).
@@ -689,6 +699,45 @@ pub struct FileStatResponse {
     pub mtime_secs: i64,
 }
 
+/// List a directory's entries without following symlinks in it (host → guest). Answered by
+/// [`DirListing`] or an [`ErrorResponse`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListDir {
+    /// Request id.
+    pub id: RequestId,
+    /// Absolute guest path of the directory.
+    pub path: String,
+}
+
+/// One entry of a [`DirListing`]. The name comes from the guest: hosts must treat it as
+/// untrusted (it is checked to be one path component, but hosts check again).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// File name (one component; entries whose name is not UTF-8 are listed as
+    /// [`FileKind::Other`] with a lossy name).
+    pub name: String,
+    /// Object kind (`lstat`: a symlink is reported as such, never followed).
+    pub kind: FileKind,
+    /// Size in bytes (regular files).
+    #[serde(default)]
+    pub size: u64,
+}
+
+/// The entries of a directory (guest → host), sorted by name, without `.` and `..`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirListing {
+    /// Echoed request id.
+    pub id: RequestId,
+    /// The entries (at most [`MAX_DIR_ENTRIES`]).
+    pub entries: Vec<DirEntry>,
+    /// Set when the directory held more than [`MAX_DIR_ENTRIES`] entries.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// Most entries one [`DirListing`] carries (keeps the frame far below the message limit).
+pub const MAX_DIR_ENTRIES: usize = 65_536;
+
 /// Open an interactive session on a pseudo-terminal. Answered by [`Ack`]; terminal output
 /// then flows as [`PtyData`] and the end of the session as [`ExecResponse`].
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -829,6 +878,8 @@ pub enum Message {
     MkdirP(MkdirP),
     FileStat(FileStat),
     FileStatResponse(FileStatResponse),
+    ListDir(ListDir),
+    DirListing(DirListing),
     PtyOpen(PtyOpen),
     PtyData(PtyData),
     PtyResize(PtyResize),
@@ -857,6 +908,8 @@ macro_rules! for_each_variant {
             Message::MkdirP($m) => $body,
             Message::FileStat($m) => $body,
             Message::FileStatResponse($m) => $body,
+            Message::ListDir($m) => $body,
+            Message::DirListing($m) => $body,
             Message::PtyOpen($m) => $body,
             Message::PtyData($m) => $body,
             Message::PtyResize($m) => $body,
@@ -893,6 +946,8 @@ impl Message {
             Message::MkdirP(_) => MessageType::MkdirP,
             Message::FileStat(_) => MessageType::FileStat,
             Message::FileStatResponse(_) => MessageType::FileStatResponse,
+            Message::ListDir(_) => MessageType::ListDir,
+            Message::DirListing(_) => MessageType::DirListing,
             Message::PtyOpen(_) => MessageType::PtyOpen,
             Message::PtyData(_) => MessageType::PtyData,
             Message::PtyResize(_) => MessageType::PtyResize,
@@ -915,6 +970,7 @@ impl Message {
             | Message::Error(_)
             | Message::ExecResponse(_)
             | Message::FileStatResponse(_)
+            | Message::DirListing(_)
             | Message::Telemetry(_) => true,
             Message::FileChunk(c) => c.last,
             _ => false,
@@ -967,6 +1023,8 @@ impl_from!(
     MkdirP,
     FileStat,
     FileStatResponse,
+    ListDir,
+    DirListing,
     PtyOpen,
     PtyData,
     PtyResize,

@@ -78,7 +78,8 @@ fn sandbox_features_that_cannot_work_are_refused_not_dropped() {
     let r = run(&["apply", &spec]);
     assert_eq!(r.code, Some(3), "{}", r.stderr);
     assert!(
-        r.stderr.contains("asks for `network: true`"),
+        r.stderr
+            .contains(":4:11: `sandbox.network`: `network: true` cannot be provided yet"),
         "{}",
         r.stderr
     );

@@ -4,9 +4,26 @@
 
 use std::path::Path;
 
-use voidbox_tests::{repo_root, run_in};
+use voidbox_tests::{repo_root, Run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+/// Runs `voidbox` against a fixed image cache (`tests/fixtures/image-cache`: one guest image
+/// manifest listing the busybox programs on `PATH`), so that `cli:` checks do not depend on
+/// what this machine has cached.
+fn run_in(bin: &str, cwd: &Path, args: &[&str]) -> Run {
+    std::process::Command::new(bin)
+        .args(args)
+        .current_dir(cwd)
+        .env("NO_COLOR", "1")
+        .env(
+            "XDG_CACHE_HOME",
+            repo_root().join("tests/fixtures/image-cache"),
+        )
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"))
+        .into()
+}
 
 fn yaml_files(dir: &Path) -> Vec<String> {
     let mut files: Vec<String> = std::fs::read_dir(dir)

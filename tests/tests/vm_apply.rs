@@ -336,6 +336,16 @@ workflow:
     let slow = node("slow");
     assert_eq!(slow["status"], "timed_out", "{doc}");
     assert!(slow["exec_ms"].as_u64().unwrap() < 30_000, "{slow}");
+    assert_eq!(
+        slow["timeout"],
+        json!({"limit": "node timeout_secs", "secs": 3}),
+        "{slow}"
+    );
+    let error = slow["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("timed out: node timeout_secs=3 s fired"),
+        "{slow}"
+    );
     assert_eq!(node("after_slow")["status"], "skipped");
     assert_eq!(doc["status"], "failed");
     assert_no_leftovers(&tag);

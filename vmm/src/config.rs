@@ -4,12 +4,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// Largest guest memory we accept: one region below the 32-bit MMIO gap.
-pub const MAX_MEMORY_MB: u32 = 3072;
-/// Smallest guest memory we accept.
-pub const MIN_MEMORY_MB: u32 = 32;
-/// Most vCPUs we accept (the MP table and APIC ids are sized for this).
-pub const MAX_VCPUS: u8 = 16;
+/// Largest guest memory we accept (64 GiB: 3 GiB below the 32-bit MMIO gap, the rest from
+/// 4 GiB up); the spec schema's maximum.
+pub const MAX_MEMORY_MB: u32 = 65536;
+/// Smallest guest memory we accept; the spec schema's minimum.
+pub const MIN_MEMORY_MB: u32 = 64;
+/// Most vCPUs we accept (the spec schema's maximum; the MP table fits up to 37).
+pub const MAX_VCPUS: u8 = 32;
 /// x86 `COMMAND_LINE_SIZE`, including the terminating NUL.
 pub const MAX_CMDLINE_LEN: usize = 2048;
 /// Longest caller-supplied command-line suffix.
@@ -36,10 +37,10 @@ pub struct VmConfig {
     /// Appended to the generated kernel command line (e.g. `voidbox.secret=<hex>`).
     #[serde(default)]
     pub cmdline_extra: String,
-    /// Guest memory in MiB (32..=3072).
+    /// Guest memory in MiB ([`MIN_MEMORY_MB`]..=[`MAX_MEMORY_MB`]).
     #[serde(default = "default_memory_mb")]
     pub memory_mb: u32,
-    /// Number of vCPUs (1..=16).
+    /// Number of vCPUs (1..=[`MAX_VCPUS`]).
     #[serde(default = "default_vcpus")]
     pub vcpus: u8,
     /// Host Unix socket of the hybrid vsock device; `None` means no vsock device.
@@ -234,10 +235,30 @@ mod tests {
         assert_eq!(c.vcpus, 1);
         assert_eq!(c.vsock_cid, 3);
         assert!(!c.compat);
-        let bad = r#"{"kernel":"/k","console_log":"/c","memory_mb":4096}"#;
-        assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Memory(4096)));
+        for (mb, ok) in [
+            (32, false),
+            (63, false),
+            (64, true),
+            (3072, true),
+            (4096, true),
+            (16384, true),
+            (65536, true),
+            (65537, false),
+        ] {
+            let j = format!(r#"{{"kernel":"/k","console_log":"/c","memory_mb":{mb}}}"#);
+            let r = VmConfig::from_json(&j);
+            if ok {
+                assert_eq!(r.unwrap().memory_mb, mb);
+            } else {
+                assert_eq!(r, Err(ConfigError::Memory(mb)));
+            }
+        }
         let bad = r#"{"kernel":"/k","console_log":"/c","vcpus":0}"#;
         assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Vcpus(0)));
+        let bad = r#"{"kernel":"/k","console_log":"/c","vcpus":33}"#;
+        assert_eq!(VmConfig::from_json(bad), Err(ConfigError::Vcpus(33)));
+        let ok = r#"{"kernel":"/k","console_log":"/c","vcpus":32}"#;
+        assert_eq!(VmConfig::from_json(ok).unwrap().vcpus, 32);
         let bad = r#"{"kernel":"/k","console_log":"/c","cmdline_extra":"a\nb"}"#;
         assert!(matches!(
             VmConfig::from_json(bad),

@@ -1,12 +1,15 @@
 //! The VMM's seccomp-BPF allowlist, applied to every thread (TSYNC) before the first KVM_RUN.
 //!
 //! Once the VM is built, the VMM only needs: KVM_RUN (and KVM_GET_REGS for fault reports),
+//! KVM_GET_XSAVE/KVM_SET_XSAVE for the compat kernel's extended-state requests,
 //! reads/writes on eventfds, sockets, the console log and stdout, epoll, accept4, memory
-//! management for the allocator (never executable), futexes, signals for vCPU kicks, and exit.
+//! management for the allocator (never executable), futexes, signals for vCPU kicks (`tgkill`
+//! to this process only), positioned writes and truncation of the console log (its fd only;
+//! the log is capped, see [`crate::devices::serial::ConsoleLog`]), and exit.
 //!
 //! A VMM started with `snapshot_control` may also write snapshots after the filter is in
 //! place: it additionally gets the KVM_GET_* ioctls of snapshot capture and the file syscalls
-//! of [`crate::snapshot::format::save`] ([`SNAPSHOT_SYSCALLS`]). The engine sets
+//! of [`crate::persist::format::save`] ([`SNAPSHOT_SYSCALLS`]). The engine sets
 //! `snapshot_control` only for golden-snapshot creator VMs, which never run user workloads.
 //! Restoring needs nothing extra: the memory file is mapped before the filter is installed.
 
@@ -48,6 +51,42 @@ fn cond(arg: u8, op: SeccompCmpOp, val: u64) -> Result<SeccompCondition, Seccomp
         .map_err(|e| SeccompError::Build(e.to_string()))
 }
 
+/// `arg == val` on the low 32 bits (an `int` argument: pid, fd).
+fn cond_int(arg: u8, val: i32) -> Result<SeccompCondition, SeccompError> {
+    SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        u64::from(val as u32),
+    )
+    .map_err(|e| SeccompError::Build(e.to_string()))
+}
+
+/// What a filter is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilterParams {
+    /// Allow what taking a snapshot needs ([`SNAPSHOT_SYSCALLS`], [`snapshot_ioctls`]).
+    pub snapshot: bool,
+    /// This process's pid: `tgkill` may only signal threads of this thread group.
+    pub pid: i32,
+    /// The console log's fd: `pwrite64` and `ftruncate` are allowed on it (and, without
+    /// `snapshot`, on nothing else).
+    pub console_fd: Option<i32>,
+}
+
+impl FilterParams {
+    /// Parameters for the calling process.
+    pub fn for_this_process(snapshot: bool, console_fd: Option<i32>) -> Self {
+        // SAFETY: getpid has no preconditions and cannot fail.
+        let pid = unsafe { libc::getpid() };
+        Self {
+            snapshot,
+            pid,
+            console_fd,
+        }
+    }
+}
+
 /// Syscalls allowed without argument filtering.
 pub const PLAIN_SYSCALLS: &[i64] = &[
     libc::SYS_read,
@@ -67,7 +106,6 @@ pub const PLAIN_SYSCALLS: &[i64] = &[
     libc::SYS_rt_sigreturn,
     libc::SYS_rt_sigprocmask,
     libc::SYS_sigaltstack,
-    libc::SYS_tgkill,
     libc::SYS_getpid,
     libc::SYS_gettid,
     libc::SYS_clock_gettime,
@@ -113,6 +151,16 @@ fn kvm_ioctl<T>(dir: u32, nr: u32) -> u64 {
     ) as u64
 }
 
+/// `KVM_GET_XSAVE` and `KVM_SET_XSAVE`, which [`crate::xstate`] needs on every vCPU thread.
+pub fn xstate_ioctls() -> Vec<u64> {
+    use kvm_bindings::kvm_xsave;
+    use vmm_sys_util::ioctl::{_IOC_READ, _IOC_WRITE};
+    vec![
+        kvm_ioctl::<kvm_xsave>(_IOC_READ, 0xa4),  // KVM_GET_XSAVE
+        kvm_ioctl::<kvm_xsave>(_IOC_WRITE, 0xa5), // KVM_SET_XSAVE
+    ]
+}
+
 /// The KVM_GET_* ioctls of snapshot capture (vCPU and VM state), allowed only with
 /// `snapshot_control`.
 pub fn snapshot_ioctls() -> Vec<u64> {
@@ -136,19 +184,28 @@ pub fn snapshot_ioctls() -> Vec<u64> {
     ]
 }
 
-/// Builds the BPF program; `snapshot` adds [`SNAPSHOT_SYSCALLS`] and [`snapshot_ioctls`].
-pub fn build_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
+/// Builds the BPF program for `p`.
+pub fn build_filter(p: &FilterParams) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for &nr in PLAIN_SYSCALLS {
         rules.insert(nr, vec![]);
     }
     let mut ioctls = vec![KVM_RUN, kvm_get_regs()];
-    if snapshot {
+    // The paravirtual extended-state requests of the compat guest kernel (crate::xstate).
+    ioctls.extend(xstate_ioctls());
+    if p.snapshot {
         for &nr in SNAPSHOT_SYSCALLS {
             rules.insert(nr, vec![]);
         }
         ioctls.extend(snapshot_ioctls());
+    } else if let Some(fd) = p.console_fd {
+        // The console log is written at explicit offsets and cut down when it grows too big.
+        for nr in [libc::SYS_pwrite64, libc::SYS_ftruncate] {
+            rules.insert(nr, vec![rule(vec![cond_int(0, fd)?])?]);
+        }
     }
+    // Signals (vCPU kicks, abort) only to threads of this process: tgkill(tgid == pid, …).
+    rules.insert(libc::SYS_tgkill, vec![rule(vec![cond_int(0, p.pid)?])?]);
     rules.insert(
         libc::SYS_ioctl,
         ioctls
@@ -191,10 +248,10 @@ pub fn build_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
         .map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))
 }
 
-/// Installs the filter on every thread of the process (requires no_new_privs); `snapshot`
-/// as for [`build_filter`].
-pub fn install(snapshot: bool) -> Result<(), SeccompError> {
-    let prog = build_filter(snapshot)?;
+/// Installs the filter on every thread of the calling process (requires no_new_privs), built
+/// in this process for its own pid ([`FilterParams::for_this_process`]).
+pub fn install(snapshot: bool, console_fd: Option<i32>) -> Result<(), SeccompError> {
+    let prog = build_filter(&FilterParams::for_this_process(snapshot, console_fd))?;
     apply_filter_all_threads(&prog).map_err(|e| SeccompError::Install(e.to_string()))
 }
 
@@ -202,13 +259,108 @@ pub fn install(snapshot: bool) -> Result<(), SeccompError> {
 mod tests {
     use super::*;
 
+    fn params(snapshot: bool) -> FilterParams {
+        FilterParams::for_this_process(snapshot, Some(2))
+    }
+
     #[test]
     fn filter_builds() {
-        let p = build_filter(false).unwrap();
+        let p = build_filter(&params(false)).unwrap();
         assert!(!p.is_empty());
         assert_eq!(kvm_get_regs(), 0x8090_ae81);
-        let s = build_filter(true).unwrap();
+        let s = build_filter(&params(true)).unwrap();
         assert!(s.len() > p.len());
+    }
+
+    /// Forks a child that installs `prog` and runs `body` (raw syscalls only: the child of a
+    /// multi-threaded process must not allocate), then `_exit(0)`. Returns the wait status.
+    fn run_filtered(prog: &BpfProgram, body: impl Fn()) -> libc::c_int {
+        // SAFETY: the child only makes raw syscalls (prctl, seccomp, those of `body`, _exit)
+        // and never returns into the test harness; the parent only waits for it.
+        unsafe {
+            let child = libc::fork();
+            assert!(child >= 0, "fork failed");
+            if child == 0 {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || seccompiler::apply_filter(prog).is_err()
+                {
+                    libc::_exit(99);
+                }
+                body();
+                libc::_exit(0);
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(child, &mut status, 0), child);
+            status
+        }
+    }
+
+    /// `tgkill(tgid, tid, 0)`: checks the target exists, delivers nothing.
+    fn tgkill0(tgid: i64, tid: i64) {
+        // SAFETY: signal 0 delivers no signal; the call has no other effect.
+        unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, 0) };
+    }
+
+    fn own_pid() -> i64 {
+        // SAFETY: getpid has no preconditions.
+        i64::from(unsafe { libc::getpid() })
+    }
+
+    fn pwrite1(fd: i32) {
+        // SAFETY: writes one byte from a static buffer to an fd the test owns.
+        unsafe { libc::pwrite(fd, b"x".as_ptr().cast(), 1, 0) };
+    }
+
+    fn truncate0(fd: i32) {
+        // SAFETY: truncates a file the test owns.
+        unsafe { libc::ftruncate(fd, 0) };
+    }
+
+    fn killed_by_sigsys(status: libc::c_int) -> bool {
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS
+    }
+
+    fn exited_ok(status: libc::c_int) -> bool {
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
+
+    #[test]
+    fn tgkill_only_to_the_vmm_process() {
+        // The filter is built for this (the parent's) pid; the forked child runs under it, so
+        // the parent stands for "the VMM" and the child's own pid for "another process".
+        let parent = FilterParams::for_this_process(false, None);
+        let prog = build_filter(&parent).unwrap();
+        let vmm = i64::from(parent.pid);
+        let s = run_filtered(&prog, || tgkill0(vmm, vmm));
+        assert!(exited_ok(s), "tgkill to the VMM's own pid refused: {s:#x}");
+        let s = run_filtered(&prog, || tgkill0(own_pid(), own_pid()));
+        assert!(killed_by_sigsys(s), "tgkill to another pid allowed: {s:#x}");
+        // Upper bits of the pid argument do not sneak another pid past the check.
+        let s = run_filtered(&prog, || tgkill0(own_pid() | (1 << 40), own_pid()));
+        assert!(killed_by_sigsys(s), "{s:#x}");
+    }
+
+    #[test]
+    fn console_fd_is_the_only_pwrite_and_ftruncate_target() {
+        use std::os::unix::io::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let console = std::fs::File::create(dir.path().join("console")).unwrap();
+        let other = std::fs::File::create(dir.path().join("other")).unwrap();
+        let (fd, other_fd) = (console.as_raw_fd(), other.as_raw_fd());
+        let prog = build_filter(&FilterParams::for_this_process(false, Some(fd))).unwrap();
+        let s = run_filtered(&prog, || {
+            pwrite1(fd);
+            truncate0(fd);
+        });
+        assert!(exited_ok(s), "{s:#x}");
+        for f in [pwrite1 as fn(i32), truncate0] {
+            let s = run_filtered(&prog, || f(other_fd));
+            assert!(killed_by_sigsys(s), "{s:#x}");
+        }
+        // Without a console fd neither is allowed at all.
+        let prog = build_filter(&FilterParams::for_this_process(false, None)).unwrap();
+        let s = run_filtered(&prog, || pwrite1(fd));
+        assert!(killed_by_sigsys(s), "{s:#x}");
     }
 
     #[test]

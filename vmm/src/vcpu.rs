@@ -13,7 +13,9 @@ use vm_memory::GuestAddress;
 use crate::boot::{gdt, BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, ZERO_PAGE_START};
 use crate::bus::Bus;
 use crate::exit::{Outcome, VmEvent};
-use crate::snapshot::vcpu::{VcpuCaps, VcpuState};
+use crate::memory::GuestMem;
+use crate::persist::vcpu::{VcpuCaps, VcpuState};
+use crate::xstate;
 
 /// Errors configuring a vCPU.
 #[derive(Debug, thiserror::Error)]
@@ -328,6 +330,10 @@ pub struct VcpuRunner {
     pub commands: Receiver<VcpuCommand>,
     /// What snapshot capture needs to know about the host.
     pub caps: Arc<VcpuCaps>,
+    /// Guest memory (for the paravirtual extended-state requests, [`crate::xstate`]).
+    pub mem: GuestMem,
+    /// Whether a refused extended-state request has been reported already.
+    pub xstate_reported: bool,
 }
 
 impl VcpuRunner {
@@ -348,7 +354,35 @@ impl VcpuRunner {
     /// One KVM_RUN and its dispatch.
     fn run_once(&mut self) -> Action {
         let result = self.fd.run();
-        dispatch(self.id, &self.pio, &self.mmio, result)
+        let xstate_op = match &result {
+            Ok(VcpuExit::IoOut(port, data)) if *port == xstate::XSTATE_PORT => {
+                Some(data.first().copied().unwrap_or(0))
+            }
+            _ => None,
+        };
+        match xstate_op {
+            Some(op) => {
+                self.xstate(op);
+                Action::Continue
+            }
+            None => dispatch(self.id, &self.pio, &self.mmio, result),
+        }
+    }
+
+    /// Serves a paravirtual extended-state request ([`crate::xstate`]); a refused one is
+    /// logged once and otherwise ignored (it can only concern the guest's own registers).
+    fn xstate(&mut self, op: u8) {
+        let r = self
+            .fd
+            .get_regs()
+            .map_err(|e| xstate::XstateError::Kvm(format!("KVM_GET_REGS: {e}")))
+            .and_then(|regs| xstate::handle(&self.fd, &self.caps, &self.mem, op, regs.rsi));
+        if let Err(e) = r {
+            if !self.xstate_reported {
+                self.xstate_reported = true;
+                log::warn!("vcpu {}: {e}", self.id);
+            }
+        }
     }
 
     /// The outcome an action ends the loop with, if any.

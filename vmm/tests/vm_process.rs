@@ -1,7 +1,7 @@
 //! Runs the `voidbox-vmm` binary on tiny hand-assembled 64-bit "kernels" (raw ELF images that
 //! write to the serial port and then reset, panic, fault, hang, or count for a snapshot).
-//! Needs /dev/kvm; each test is skipped (passes with a note) when KVM is unavailable or
-//! `VOIDBOX_SKIP_VM_TESTS=1`.
+//! Needs a usable /dev/kvm: without it every test that runs a guest fails, unless
+//! `VOIDBOX_SKIP_VM_TESTS=1` (then they skip with a printed notice).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -14,22 +14,21 @@ use serde_json::{json, Value};
 
 const ENTRY: u64 = 0x100_0000;
 
-fn kvm_available() -> bool {
+/// True when VM tests are to be skipped (`VOIDBOX_SKIP_VM_TESTS=1`, with a notice). Panics
+/// when /dev/kvm is unusable otherwise: a test that could not run must not pass.
+fn skip_vm_tests() -> bool {
     if std::env::var("VOIDBOX_SKIP_VM_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipping: VOIDBOX_SKIP_VM_TESTS=1");
-        return false;
+        eprintln!("VOIDBOX_SKIP_VM_TESTS=1: skipping a real-VM test");
+        return true;
     }
-    if std::fs::OpenOptions::new()
+    if let Err(e) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
-        .is_ok()
     {
-        true
-    } else {
-        eprintln!("skipping: /dev/kvm not available");
-        false
+        panic!("VM tests need a usable /dev/kvm: {e}\n(set VOIDBOX_SKIP_VM_TESTS=1 to skip them)");
     }
+    false
 }
 
 /// A minimal ELF64 executable with one PT_LOAD segment at ENTRY.
@@ -152,7 +151,7 @@ fn run_raw(cfg: &str, console: &Path) -> Run {
 
 #[test]
 fn hello_then_reset_exits_cleanly() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(&[print("hello from guest\r\n"), RESET.to_vec()].concat());
@@ -173,7 +172,7 @@ fn hello_then_reset_exits_cleanly() {
 
 #[test]
 fn two_vcpus_with_compat_flags_boot_and_reset() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(&[print("smp\n"), RESET.to_vec()].concat());
@@ -184,7 +183,7 @@ fn two_vcpus_with_compat_flags_boot_and_reset() {
 
 #[test]
 fn kernel_panic_on_console_is_reported() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(
@@ -219,7 +218,7 @@ fn kernel_panic_on_console_is_reported() {
 
 #[test]
 fn triple_fault_is_reported() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     // ud2 with an empty IDT: #UD → #GP → #DF → shutdown.
@@ -239,7 +238,7 @@ fn triple_fault_is_reported() {
 
 #[test]
 fn emulation_failure_reports_instruction_bytes() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     // popcnt rax, rax: interpreted KVM hosts cannot emulate it; hardware KVM runs it.
@@ -266,7 +265,7 @@ fn emulation_failure_reports_instruction_bytes() {
 
 #[test]
 fn wall_clock_limit_stops_a_hung_guest() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(HANG);
@@ -277,7 +276,7 @@ fn wall_clock_limit_stops_a_hung_guest() {
 
 #[test]
 fn boot_timeout_without_guest_listener_and_vsock_socket_refuses_early_connects() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(HANG);
@@ -307,7 +306,7 @@ fn boot_timeout_without_guest_listener_and_vsock_socket_refuses_early_connects()
 
 #[test]
 fn syscall_outside_seccomp_filter_kills_the_vmm() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(RESET);
@@ -328,7 +327,7 @@ fn config_and_setup_errors_have_distinct_codes() {
         &console,
     );
     assert_eq!(r.code(), Some(2));
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let r = run_raw(
@@ -348,7 +347,7 @@ fn config_and_setup_errors_have_distinct_codes() {
 
 #[test]
 fn config_from_an_inherited_fd() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     let g = Guest::new(&[print("fd\n"), RESET.to_vec()].concat());
@@ -370,8 +369,18 @@ fn counter_guest(delay: u32) -> Vec<u8> {
     let mut c = vec![
         0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
         0x45, 0x31, 0xc0, // xor r8d, r8d
-        0xb9, 0x0c, 0x00, 0x00, 0x00, // tick: mov ecx, 12
-        0x44, 0x89, 0xc0, // digit: mov eax, r8d
+    ];
+    // mov eax, r8d / inc r8d
+    c.extend(counter_loop([0x44, 0x89, 0xc0], [0x41, 0xff, 0xc0], delay));
+    c
+}
+
+/// The loop of [`counter_guest`] (`dx` = 0x3f8), with `load` (3 bytes: counter → eax) and
+/// `inc` (3 bytes: counter += 1) choosing where the counter lives.
+fn counter_loop(load: [u8; 3], inc: [u8; 3], delay: u32) -> Vec<u8> {
+    let mut c = vec![0xb9, 0x0c, 0x00, 0x00, 0x00]; // tick: mov ecx, 12
+    c.extend_from_slice(&load); // digit:
+    c.extend_from_slice(&[
         0xd3, 0xe8, // shr eax, cl
         0x24, 0x0f, // and al, 0xf
         0x04, 0x30, // add al, '0'
@@ -383,9 +392,9 @@ fn counter_guest(delay: u32) -> Vec<u8> {
         0x79, 0xeb, // jns digit
         0xb0, 0x0a, // mov al, '\n'
         0xee, // out dx, al
-        0x41, 0xff, 0xc0, // inc r8d
-        0xbb, // mov ebx, delay
-    ];
+    ]);
+    c.extend_from_slice(&inc);
+    c.push(0xbb); // mov ebx, delay
     c.extend_from_slice(&delay.to_le_bytes());
     c.extend_from_slice(&[
         0xe4, 0x80, // delay: in al, 0x80
@@ -393,6 +402,56 @@ fn counter_guest(delay: u32) -> Vec<u8> {
         0x75, 0xfa, // jnz delay
         0xeb, 0xd3, // jmp tick
     ]);
+    c
+}
+
+const GIB: u64 = 1 << 30;
+/// A free page for the page directory of [`map_high`] (the VMM's boot page tables are at
+/// 0x9000..0xc000 and map the first GiB only).
+const HIGH_PD: u64 = 0xc000;
+
+/// Maps the 2 MiB page holding guest-physical `addr` (≥ 1 GiB) at the same virtual address,
+/// then `mov rdi, addr`.
+fn map_high(addr: u64) -> Vec<u8> {
+    assert!((GIB..512 * GIB).contains(&addr));
+    let pd_entry = HIGH_PD + ((addr >> 21) & 511) * 8;
+    let pdpt_entry = 0xa000 + (addr >> 30) * 8;
+    let mut c = vec![0x48, 0xb8]; // mov rax, imm64: 2 MiB page, present, writable
+    c.extend_from_slice(&((addr & !0x1f_ffff) | 0x83).to_le_bytes());
+    c.extend_from_slice(&[0x48, 0x89, 0x04, 0x25]); // mov [disp32], rax
+    c.extend_from_slice(&(pd_entry as u32).to_le_bytes());
+    c.push(0xb8); // mov eax, imm32
+    c.extend_from_slice(&((HIGH_PD | 3) as u32).to_le_bytes());
+    c.extend_from_slice(&[0x48, 0x89, 0x04, 0x25]); // mov [disp32], rax
+    c.extend_from_slice(&(pdpt_entry as u32).to_le_bytes());
+    c.extend_from_slice(&[0x0f, 0x20, 0xd8, 0x0f, 0x22, 0xd8]); // mov rax, cr3; mov cr3, rax
+    c.extend_from_slice(&[0x48, 0xbf]); // mov rdi, imm64
+    c.extend_from_slice(&addr.to_le_bytes());
+    c
+}
+
+/// A guest that writes "HIGH" at guest-physical `addr` (above 4 GiB), reads it back byte by
+/// byte onto the console (unbacked memory would read as zeros), then `then`.
+fn high_memory_guest(addr: u64, then: &[u8]) -> Vec<u8> {
+    let mut c = map_high(addr);
+    c.extend_from_slice(&[0xc7, 0x07]); // mov dword [rdi], imm32
+    c.extend_from_slice(b"HIGH");
+    c.extend_from_slice(&[0x66, 0xba, 0xf8, 0x03]); // mov dx, 0x3f8
+    for i in 0..4 {
+        c.extend_from_slice(&[0x8a, 0x47, i, 0xee]); // mov al, [rdi+i]; out dx, al
+    }
+    c.extend_from_slice(&[0xb0, b'\n', 0xee]); // mov al, '\n'; out dx, al
+    c.extend_from_slice(then);
+    c
+}
+
+/// [`counter_guest`] with its counter in guest memory at `addr` (above 4 GiB) instead of a
+/// register: a restored copy continues from the saved memory, not from zero.
+fn high_counter_guest(addr: u64, delay: u32) -> Vec<u8> {
+    let mut c = map_high(addr);
+    c.extend_from_slice(&[0x66, 0xba, 0xf8, 0x03]); // mov dx, 0x3f8
+                                                    // mov eax, [rdi]; nop / inc dword [rdi]; nop
+    c.extend(counter_loop([0x8b, 0x07, 0x90], [0xff, 0x07, 0x90], delay));
     c
 }
 
@@ -510,7 +569,7 @@ fn assert_consecutive(v: &[u32]) {
 
 #[test]
 fn snapshot_restore_and_snapshot_of_a_restored_vm() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -690,7 +749,7 @@ fn snapshot_restore_and_snapshot_of_a_restored_vm() {
 
 #[test]
 fn config_line_with_the_pipe_left_open() {
-    if !kvm_available() {
+    if skip_vm_tests() {
         return;
     }
     // The engine writes `json + "\n"` and may keep stdin open: the VMM must not wait for EOF.
@@ -699,4 +758,143 @@ fn config_line_with_the_pipe_left_open() {
     let ex = vmm.wait_event(&["exited"], Duration::from_secs(20));
     assert_eq!(ex["reason"], "guest_reset", "{:?}", vmm.events());
     vmm.kill();
+}
+
+#[test]
+fn guests_above_the_mmio_gap_have_ram_from_4_gib() {
+    if skip_vm_tests() {
+        return;
+    }
+    // 4 GiB: RAM is [0, 3 GiB) + [4 GiB, 5 GiB); 16 GiB: [0, 3 GiB) + [4 GiB, 17 GiB). The
+    // first and the last bytes above the gap hold what the guest wrote.
+    for (mb, addr) in [
+        (4096u32, 4 * GIB),
+        (4096, 5 * GIB - 4),
+        (16384, 17 * GIB - 4),
+    ] {
+        let g = Guest::new(&high_memory_guest(addr, RESET));
+        let r = g.run(&g.config(json!({"memory_mb": mb})));
+        assert_eq!(r.code(), Some(0), "{mb} MiB @ {addr:#x}: {:?}", r.events);
+        assert_eq!(r.console, "HIGH\n", "{mb} MiB @ {addr:#x}");
+    }
+    // Past the end of RAM there is nothing (reads give zeros), so the check above means RAM.
+    let g = Guest::new(&high_memory_guest(5 * GIB, RESET));
+    let r = g.run(&g.config(json!({"memory_mb": 4096})));
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    assert_eq!(r.console, "\0\0\0\0\n");
+}
+
+/// Resident memory of process `pid` in bytes.
+fn rss_bytes(pid: u64) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {s}"));
+    kb * 1024
+}
+
+#[test]
+fn a_16_gib_guest_costs_only_the_memory_it_touches() {
+    if skip_vm_tests() {
+        return;
+    }
+    let g = Guest::new(&high_memory_guest(16 * GIB, HANG));
+    let vmm = Vmm::spawn(&g.config(json!({"memory_mb": 16384})));
+    let pid = vmm.wait_event(&["started"], Duration::from_secs(10))["pid"]
+        .as_u64()
+        .unwrap();
+    wait_for_lines(&g.path("console.log"), 1, Duration::from_secs(30));
+    let rss = rss_bytes(pid);
+    vmm.kill();
+    assert_eq!(
+        std::fs::read_to_string(g.path("console.log")).unwrap(),
+        "HIGH\n"
+    );
+    assert!(
+        rss < 256 << 20,
+        "VMM of a 16 GiB guest has {rss} bytes resident"
+    );
+}
+
+#[test]
+fn snapshot_of_a_4_gib_guest_restores_memory_above_the_gap() {
+    if skip_vm_tests() {
+        return;
+    }
+    // The counter lives at 4 GiB + 4 MiB: in the memory file right after the 3 GiB below the
+    // gap. A restored guest continues from the saved value.
+    const COUNTER: u64 = 4 * GIB + (4 << 20);
+    let g = Guest::new(&high_counter_guest(COUNTER, 1000));
+    let snap = g.path("snap");
+    let common = json!({"image_hash": "high-counter", "memory_mb": 4096, "wall_limit_ms": 120_000});
+    let with = |extra: Value| {
+        let mut c = g.config(common.clone());
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    };
+    let mut vmm = Vmm::spawn(&with(json!({
+        "snapshot_control": true,
+        "console_log": g.path("a.log"),
+    })));
+    wait_for_lines(&g.path("a.log"), 3, Duration::from_secs(60));
+    vmm.send(&json!({"snapshot": {"dir": snap}}).to_string());
+    let saved = vmm.wait_event(
+        &["snapshot_saved", "snapshot_failed", "exited"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(saved["event"], "snapshot_saved", "{:?}", vmm.events());
+    eprintln!("4 GiB snapshot: {saved}");
+    assert_eq!(saved["memory_bytes"], 4u64 << 30);
+    assert!(saved["disk_bytes"].as_u64().unwrap() < 64 << 20, "{saved}");
+    vmm.kill();
+    let a_values = counter_lines(&std::fs::read_to_string(g.path("a.log")).unwrap(), false);
+    assert_consecutive(&a_values);
+    let a_last = *a_values.last().unwrap();
+
+    // The counter is in the memory file at its offset in the high region.
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(snap.join("memory.bin")).unwrap();
+    assert_eq!(mem.metadata().unwrap().len(), 4 << 30);
+    let mut word = [0u8; 4];
+    mem.read_exact_at(&mut word, 3 * GIB + (4 << 20)).unwrap();
+    let saved_counter = u32::from_le_bytes(word);
+    assert!(
+        (3..=a_last + 1).contains(&saved_counter),
+        "saved counter {saved_counter:#x}; A printed up to {a_last:#x}"
+    );
+
+    // Restored in a new process: continues from the saved counter.
+    let r = run_raw(
+        &with(json!({"restore": snap, "console_log": g.path("b.log"), "wall_limit_ms": 1500}))
+            .to_string(),
+        &g.path("b.log"),
+    );
+    assert_eq!(r.code(), Some(15), "{:?}", r.events);
+    let b_values = counter_lines(&r.console, true);
+    assert!(b_values.len() >= 2, "{:?}", r.console);
+    assert_consecutive(&b_values);
+    assert!(
+        b_values[0] > saved_counter - 1 && b_values[0] <= saved_counter + 1,
+        "restored guest printed {:#x}, saved counter {saved_counter:#x}",
+        b_values[0]
+    );
+
+    // A 3 GiB VM (one region) and a 5 GiB VM refuse it.
+    for mb in [3072, 5120] {
+        let r = run_raw(
+            &with(json!({"restore": snap, "console_log": g.path("r.log"), "memory_mb": mb}))
+                .to_string(),
+            &g.path("r.log"),
+        );
+        assert_eq!(r.code(), Some(5), "{mb}: {:?}", r.events);
+        let d = r.exited()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(d.contains("memory size"), "{d}");
+    }
 }

@@ -179,6 +179,7 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default(),
+        path_programs: Some(initramfs::path_programs(&archive)),
     };
     let mpath = stage.join(MANIFEST_FILE);
     fs::write(&mpath, manifest.to_json() + "\n").map_err(ImageError::io(&mpath))?;

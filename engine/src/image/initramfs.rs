@@ -148,6 +148,61 @@ pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive
     Ok(a)
 }
 
+/// The guest agent's `PATH` directories, as archive paths.
+pub const PATH_DIRS: [&str; 6] = [
+    "usr/local/bin",
+    "usr/bin",
+    "bin",
+    "usr/local/sbin",
+    "usr/sbin",
+    "sbin",
+];
+
+/// Names of the programs on the guest's `PATH` (executables and links in [`PATH_DIRS`]),
+/// sorted and deduplicated.
+pub fn path_programs(a: &Archive) -> Vec<String> {
+    let mut names = BTreeSet::new();
+    for (path, e) in a.entries() {
+        let Some((dir, name)) = path.rsplit_once('/') else {
+            continue;
+        };
+        let runnable = match &e.kind {
+            Kind::File(_) => e.perm & 0o111 != 0,
+            Kind::Symlink(_) => true,
+            _ => false,
+        };
+        if runnable && PATH_DIRS.contains(&dir) {
+            names.insert(name.to_string());
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// The programs on `PATH` of the image in `dir`: from its manifest, else (manifests written
+/// before they were recorded) from its initramfs. `None` when neither can be read.
+pub fn image_path_programs(dir: &Path) -> Option<BTreeSet<String>> {
+    let m = super::manifest::Manifest::load(dir).ok()?;
+    if let Some(set) = m.path_program_set() {
+        return Some(set);
+    }
+    let bytes = std::fs::read(dir.join(&m.initramfs.file)).ok()?;
+    let a = Archive::parse(&bytes).ok()?;
+    Some(path_programs(&a).into_iter().collect())
+}
+
+/// The programs on `PATH` of the newest cached guest image, when its manifest records them;
+/// read once per process (validation asks for every `cli:` skill).
+pub fn cached_path_programs() -> Option<&'static BTreeSet<String>> {
+    static PROGRAMS: std::sync::OnceLock<Option<BTreeSet<String>>> = std::sync::OnceLock::new();
+    PROGRAMS
+        .get_or_init(|| {
+            let cache = super::cache::Cache::open(None).ok()?;
+            let (images, _) = cache.list().ok()?;
+            images.first()?.manifest.path_program_set()
+        })
+        .as_ref()
+}
+
 /// Checks an archive for what the guest needs; returns the problems found.
 pub fn check(a: &Archive) -> Vec<String> {
     let mut problems = Vec::new();
@@ -246,6 +301,28 @@ mod tests {
         // And the bytes parse back to the same tree.
         let parsed = Archive::parse(&a.to_bytes().unwrap()).unwrap();
         assert!(check(&parsed).is_empty());
+    }
+
+    #[test]
+    fn path_programs_lists_applets_not_init() {
+        let a = build(b"\x7fELFagent", b"\x7fELFbusybox", &applets()).unwrap();
+        let p = path_programs(&a);
+        assert!(p.contains(&"sh".to_string()) && p.contains(&"busybox".to_string()));
+        assert!(p.contains(&"poweroff".to_string()) && p.contains(&"[".to_string()));
+        assert!(!p.iter().any(|n| n == "init" || n == "passwd"));
+    }
+
+    #[test]
+    fn the_corpus_image_cache_fixture_is_a_valid_cache() {
+        let root =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/image-cache/voidbox");
+        let (images, bad) = super::super::cache::Cache::new(root).list().unwrap();
+        assert!(bad.is_empty(), "{bad:?}");
+        let programs = images[0]
+            .manifest
+            .path_program_set()
+            .expect("path_programs");
+        assert!(programs.contains("awk") && !programs.contains("jq"));
     }
 
     #[test]

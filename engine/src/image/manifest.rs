@@ -167,6 +167,11 @@ pub struct Manifest {
     pub build_seconds: f64,
     /// Creation time, Unix seconds (not part of the hash).
     pub created_unix: u64,
+    /// Names of the programs on the guest's `PATH` (`/bin`, `/sbin`, `/usr/bin`,
+    /// `/usr/sbin`, `/usr/local/bin`), sorted; `None` in manifests written before it was
+    /// recorded. `cli:NAME` skills are checked against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_programs: Option<Vec<String>>,
 }
 
 impl Manifest {
@@ -190,6 +195,13 @@ impl Manifest {
             return Err("kernel inputs hash does not match the recorded kernel inputs".into());
         }
         Ok(m)
+    }
+
+    /// [`Manifest::path_programs`] as a set.
+    pub fn path_program_set(&self) -> Option<std::collections::BTreeSet<String>> {
+        self.path_programs
+            .as_ref()
+            .map(|v| v.iter().cloned().collect())
     }
 
     /// Pretty JSON.
@@ -258,6 +270,7 @@ pub(crate) mod tests {
             kernel_inputs: ki,
             build_seconds: 2.0,
             created_unix: 1_700_000_000,
+            path_programs: Some(vec!["awk".into(), "sh".into()]),
         }
     }
 

@@ -33,6 +33,7 @@ pub const PATCHES: &[(&str, &str)] = &[
     patch!("0004-voidbox-fpu-drop-no-fwait.patch"),
     patch!("0005-voidbox-rep-string-ops.patch"),
     patch!("0006-voidbox-fast-free-initmem.patch"),
+    patch!("0007-voidbox-pv-xstate.patch"),
 ];
 
 /// Debian package providing the kernel source tarball.

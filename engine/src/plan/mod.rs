@@ -13,9 +13,11 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
+use crate::limits::Timeout;
+use crate::spec::host_path::{resolve, Resolved};
 use crate::spec::model::{
-    Agent, AgentMode, Command, Kind, Llm, Mount, MountMode, OnFailure, Provider, Sandbox,
-    SandboxMode, SandboxOverride, SkillEntry, Spec, Stage,
+    Agent, AgentMode, BoxInput, BoxOutput, Command, Kind, Llm, Mount, MountMode, OnFailure,
+    Provider, ResourceLimits, Sandbox, SandboxMode, SandboxOverride, SkillEntry, Spec, Stage,
 };
 
 /// A compiled spec.
@@ -50,7 +52,7 @@ pub struct PlanNode {
     pub action: Action,
     /// VM settings after merging overrides.
     pub sandbox: NodeSandbox,
-    /// Time limit in seconds.
+    /// Its own time limit in seconds (see [`PlanNode::timeout`] for the effective one).
     pub timeout_secs: Option<u64>,
     /// Retries after a failed attempt.
     pub retries: u32,
@@ -58,6 +60,25 @@ pub struct PlanNode {
     pub input: Input,
     /// The fan-out group the node belongs to.
     pub group: Option<usize>,
+    /// Named artifact directories (pipeline boxes' `outputs` / `inputs`).
+    pub artifacts: NodeArtifacts,
+}
+
+/// A box's named artifact directories (void-box `outputs` / `inputs`), copied between VMs
+/// by `apply` (see [`crate::apply::artifacts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeArtifacts {
+    /// Directories copied out of the VM when the box succeeds.
+    pub outputs: Vec<BoxOutput>,
+    /// Earlier boxes' outputs written into the VM before the command starts.
+    pub inputs: Vec<BoxInput>,
+}
+
+impl PlanNode {
+    /// The node's effective time limit: its `timeout_secs`, else the default node timeout.
+    pub fn timeout(&self) -> Timeout {
+        Timeout::node(self.timeout_secs)
+    }
 }
 
 /// What a node runs.
@@ -97,8 +118,11 @@ pub struct NodeSandbox {
     pub network: bool,
     /// Environment (an empty value means "copy the host's value at run time").
     pub env: BTreeMap<String, String>,
-    /// Mounts with absolute host paths.
+    /// Mounts with resolved host paths (spec-relative, else working-directory-relative).
     pub mounts: Vec<Mount>,
+    /// Host directories of `rw` mounts that did not exist when the plan was made: created
+    /// when the node starts (as void-box does).
+    pub create_mount_dirs: Vec<PathBuf>,
     /// OCI root filesystem image.
     pub image: Option<String>,
     /// Guest kernel image override (absolute).
@@ -107,6 +131,12 @@ pub struct NodeSandbox {
     pub initramfs: Option<PathBuf>,
     /// Snapshot to restore from.
     pub snapshot: Option<String>,
+    /// Extra programs the guest may start besides the node's own (the box's list, else the
+    /// spec's).
+    pub allowed_commands: Vec<String>,
+    /// Resource limits set by the spec or the box (the box's win field by field); unset
+    /// ones get the guest defaults ([`ResourceLimits::DEFAULT`]).
+    pub limits: ResourceLimits,
 }
 
 /// Where a node's input comes from.
@@ -248,15 +278,20 @@ struct Builder<'a> {
 impl Builder<'_> {
     fn resolve_sandbox(&self, over: Option<&SandboxOverride>) -> NodeSandbox {
         let base: &Sandbox = &self.spec.sandbox;
-        let abs = |p: &str| self.dir.join(p);
+        let abs = |p: &str| resolve(self.dir, p).into_path();
         let mut env = base.env.clone();
         let mut mounts = base.mounts.clone();
         if let Some(o) = over {
             env.extend(o.env.clone());
             mounts.extend(o.mounts.clone());
         }
+        let mut create_mount_dirs = Vec::new();
         for m in &mut mounts {
-            m.host = abs(&m.host).to_string_lossy().into_owned();
+            let host = resolve(self.dir, &m.host);
+            if matches!(host, Resolved::Missing(_)) && m.mode == MountMode::Rw {
+                create_mount_dirs.push(host.path().to_path_buf());
+            }
+            m.host = host.path().to_string_lossy().into_owned();
         }
         NodeSandbox {
             memory_mb: over.and_then(|o| o.memory_mb).unwrap_or(base.memory_mb),
@@ -264,6 +299,7 @@ impl Builder<'_> {
             network: over.and_then(|o| o.network).unwrap_or(base.network),
             env,
             mounts,
+            create_mount_dirs,
             image: over
                 .and_then(|o| o.image.clone())
                 .or_else(|| base.image.clone()),
@@ -272,6 +308,11 @@ impl Builder<'_> {
             snapshot: over
                 .and_then(|o| o.snapshot.clone())
                 .or_else(|| base.snapshot.clone()),
+            allowed_commands: over
+                .and_then(|o| o.allowed_commands.clone())
+                .or_else(|| base.allowed_commands.clone())
+                .unwrap_or_default(),
+            limits: merge_limits(base.limits, over.and_then(|o| o.limits)),
         }
     }
 
@@ -281,7 +322,28 @@ impl Builder<'_> {
             model: None,
             base_url: None,
             api_key_env: None,
+            credential_proxy: false,
         })
+    }
+
+    /// The skills with each `file:` path that resolves only against the working directory
+    /// rewritten to that absolute path, so `apply` reads what `validate` checked.
+    fn skills(&self, skills: &[SkillEntry]) -> Vec<SkillEntry> {
+        skills
+            .iter()
+            .map(|s| match s {
+                SkillEntry::Simple(text) => {
+                    match text.strip_prefix("file:").map(|rel| resolve(self.dir, rel)) {
+                        Some(Resolved::Cwd { cwd, .. }) => match cwd.to_str() {
+                            Some(p) => SkillEntry::Simple(format!("file:{p}")),
+                            None => s.clone(),
+                        },
+                        _ => s.clone(),
+                    }
+                }
+                _ => s.clone(),
+            })
+            .collect()
     }
 
     fn add(&mut self, node: PlanNode) -> NodeIndex {
@@ -298,7 +360,7 @@ impl Builder<'_> {
             name: self.spec.name.clone(),
             action: Action::Agent(AgentAction {
                 prompt: agent.prompt.clone(),
-                skills: agent.skills.clone(),
+                skills: self.skills(&agent.skills),
                 llm: self.llm(None),
                 output_file: agent.output_file.clone(),
                 mode: agent.mode,
@@ -308,6 +370,7 @@ impl Builder<'_> {
             retries: agent.retries.or(self.spec.retries).unwrap_or(0),
             input: Input::RunInput,
             group: None,
+            artifacts: NodeArtifacts::default(),
         };
         Ok(Output::Node(self.add(node)))
     }
@@ -321,6 +384,7 @@ impl Builder<'_> {
             retries: self.spec.retries.unwrap_or(0),
             input: Input::RunInput,
             group: None,
+            artifacts: NodeArtifacts::default(),
         };
         Output::Node(self.add(node))
     }
@@ -366,7 +430,7 @@ impl Builder<'_> {
                     (Some(cmd), _) => Action::Command(cmd.clone()),
                     (None, Some(prompt)) => Action::Agent(AgentAction {
                         prompt: prompt.clone(),
-                        skills: b.skills.clone(),
+                        skills: self.skills(&b.skills),
                         llm: self.llm(b.llm.as_ref()),
                         output_file: None,
                         mode: AgentMode::Task,
@@ -383,6 +447,10 @@ impl Builder<'_> {
                     retries: b.retries.or(self.spec.retries).unwrap_or(0),
                     input: input.clone(),
                     group,
+                    artifacts: NodeArtifacts {
+                        outputs: b.outputs.clone(),
+                        inputs: b.inputs.clone(),
+                    },
                 };
                 let idx = self.add(node);
                 match &prev {
@@ -431,6 +499,7 @@ impl Builder<'_> {
                 retries: step.retries.or(self.spec.retries).unwrap_or(0),
                 input: Input::RunInput,
                 group: None,
+                artifacts: NodeArtifacts::default(),
             };
             index.insert(step.name.as_str(), self.add(node));
         }
@@ -481,6 +550,17 @@ impl Builder<'_> {
     }
 }
 
+/// The spec's limits with the box's laid over them, field by field.
+fn merge_limits(base: Option<ResourceLimits>, over: Option<ResourceLimits>) -> ResourceLimits {
+    let (b, o) = (base.unwrap_or_default(), over.unwrap_or_default());
+    ResourceLimits {
+        nofile: o.nofile.or(b.nofile),
+        nproc: o.nproc.or(b.nproc),
+        fsize_mb: o.fsize_mb.or(b.fsize_mb),
+        address_space_mb: o.address_space_mb.or(b.address_space_mb),
+    }
+}
+
 impl NodeSandbox {
     /// Mounts as `host:guest:mode` strings (for display).
     pub fn mount_summary(&self) -> Vec<String> {
@@ -494,5 +574,66 @@ impl NodeSandbox {
                 format!("{}:{}:{mode}", m.host, m.guest)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{TimeoutLimit, DEFAULT_NODE_TIMEOUT_SECS};
+    use crate::validate::validate_source;
+
+    fn compile(src: &str, dir: &Path) -> Plan {
+        let v = validate_source("t.yaml", src.to_string(), dir);
+        let spec = v
+            .spec
+            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
+        Plan::compile(&spec, dir).expect("plan")
+    }
+
+    #[test]
+    fn host_paths_resolve_like_validate_resolves_them() {
+        // The test's working directory (the crate) holds Cargo.toml and src/; the spec
+        // directory holds `here/` only.
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("here")).expect("mkdir");
+        let src = "kind: agent\nname: a\nllm: {provider: mock}\nsandbox:\n  mounts:\n    - {host: here, guest: /a}\n    - {host: src, guest: /b}\n    - {host: new-out, guest: /c, mode: rw}\nagent:\n  prompt: hi\n  skills: [\"file:Cargo.toml\"]\n";
+        let plan = compile(src, dir.path());
+        let node = plan.graph.node_weights().next().expect("node");
+        let cwd = std::env::current_dir().expect("cwd");
+        let hosts: Vec<&str> = node
+            .sandbox
+            .mounts
+            .iter()
+            .map(|m| m.host.as_str())
+            .collect();
+        assert_eq!(hosts[0], dir.path().join("here").to_string_lossy());
+        assert_eq!(hosts[1], cwd.join("src").to_string_lossy());
+        assert_eq!(hosts[2], dir.path().join("new-out").to_string_lossy());
+        assert_eq!(node.sandbox.create_mount_dirs, [dir.path().join("new-out")]);
+        let Action::Agent(a) = &node.action else {
+            panic!("agent")
+        };
+        assert_eq!(
+            a.skills,
+            [SkillEntry::Simple(format!(
+                "file:{}",
+                cwd.join("Cargo.toml").display()
+            ))]
+        );
+    }
+
+    #[test]
+    fn every_node_has_an_effective_timeout() {
+        let plan = compile(
+            "kind: workflow\nname: w\nworkflow:\n  steps:\n    - {name: a, run: {program: echo}, timeout_secs: 7}\n    - {name: b, run: {program: echo}}\n",
+            Path::new("/"),
+        );
+        let t: Vec<_> = plan.graph.node_weights().map(PlanNode::timeout).collect();
+        assert_eq!((t[0].limit, t[0].secs), (TimeoutLimit::Node, 7));
+        assert_eq!(
+            (t[1].limit, t[1].secs),
+            (TimeoutLimit::DefaultNode, DEFAULT_NODE_TIMEOUT_SECS)
+        );
     }
 }

@@ -6,14 +6,15 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
 use voidbox_protocol::handshake::check_pong;
 use voidbox_protocol::{
-    ErrorCode, ExecRequest, ExecResponse, GuestPolicy, Message, OutputStream, Ping, Pong,
-    ProtocolError, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction,
-    WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
+    ErrorCode, ExecRequest, ExecResponse, ExecStdin, GuestPolicy, Message, OutputStream, Ping,
+    Pong, ProtocolError, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown,
+    ShutdownAction, WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
 };
 
 use super::error::SandboxError;
@@ -24,6 +25,10 @@ pub const AGENT_PORT: u32 = 1234;
 const MAX_STRAY_MESSAGES: usize = 1024;
 /// Bytes of host entropy a [`GuestConn::rekey`] sends to reseed the guest RNG.
 pub const REKEY_ENTROPY_LEN: usize = 64;
+/// Largest stdin sent inline in an `ExecRequest`; larger ones are streamed.
+pub const INLINE_STDIN_MAX: usize = 256 * 1024;
+/// Bytes per streamed `ExecStdin` frame.
+pub const STDIN_CHUNK: usize = 256 * 1024;
 
 /// One `CONNECT` attempt on the VMM's hybrid-vsock socket. `Ok(None)`: the guest is not
 /// listening yet (or the socket does not exist yet) — retry.
@@ -247,6 +252,11 @@ impl GuestConn {
     /// Runs a command; output chunks go to `on_output` as they arrive. `timeout` is
     /// enforced by the guest (which kills the process group); the host waits that long
     /// plus a grace period.
+    ///
+    /// A `stdin` larger than [`INLINE_STDIN_MAX`] does not ride in the request (whose JSON
+    /// must fit one frame): it is streamed in [`STDIN_CHUNK`]-byte `ExecStdin` frames from a
+    /// second thread while this one reads the output, so a child that writes while it reads
+    /// never deadlocks against us, and any size works.
     pub fn exec(
         &mut self,
         mut req: ExecRequest,
@@ -254,11 +264,44 @@ impl GuestConn {
     ) -> Result<ExecResult, SandboxError> {
         let id = self.ids.next_id();
         req.id = id;
+        let streamed = (req.stdin.len() > INLINE_STDIN_MAX && !req.stdin_stream).then(|| {
+            req.stdin_stream = true;
+            std::mem::take(&mut req.stdin)
+        });
         let host_timeout = req
             .timeout_secs
             .map(|s| Duration::from_secs(s.saturating_add(10)));
         self.set_timeout(host_timeout)?;
         self.send("exec", &Message::ExecRequest(req))?;
+        let Some(stdin) = streamed else {
+            return self.exec_replies(id, host_timeout, on_output);
+        };
+        let mut writer = self
+            .stream
+            .try_clone()
+            .map_err(SandboxError::io("cloning the guest connection for stdin"))?;
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let feeder = scope.spawn(|| feed_stdin(&mut writer, id, &stdin, &stop));
+            let result = self.exec_replies(id, host_timeout, on_output);
+            // The exec is over (or the connection is): stop feeding. A feeder stuck in a
+            // write to a dead exchange is released by closing the connection.
+            stop.store(true, Ordering::Release);
+            if result.is_err() && !feeder.is_finished() {
+                let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            }
+            let _ = feeder.join();
+            result
+        })
+    }
+
+    /// Reads an exec's output chunks and its final reply.
+    fn exec_replies(
+        &mut self,
+        id: voidbox_protocol::RequestId,
+        host_timeout: Option<Duration>,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, SandboxError> {
         let result = loop {
             match self.recv_for("exec", id) {
                 Ok(Message::ExecOutputChunk(c)) => on_output(c.stream, &c.data),
@@ -349,6 +392,53 @@ impl GuestConn {
         }
     }
 
+    /// Lists a guest directory (entries `lstat`ed, sorted by name; the flag says whether
+    /// the guest capped the list).
+    pub fn list_dir(
+        &mut self,
+        path: &str,
+    ) -> Result<(Vec<voidbox_protocol::DirEntry>, bool), SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "list_dir",
+            &Message::ListDir(voidbox_protocol::ListDir {
+                id,
+                path: path.to_string(),
+            }),
+        )?;
+        match self.recv_for("list_dir", id)? {
+            Message::DirListing(l) => Ok((l.entries, l.truncated)),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: format!("list_dir {path}"),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("list_dir", "DirListing", other)),
+        }
+    }
+
+    /// Creates a guest directory and its parents (`mkdir -p`).
+    pub fn mkdir_p(&mut self, path: &str) -> Result<(), SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "mkdir_p",
+            &Message::MkdirP(voidbox_protocol::MkdirP {
+                id,
+                path: path.to_string(),
+                mode: None,
+            }),
+        )?;
+        match self.recv_for("mkdir_p", id)? {
+            Message::Ack(_) => Ok(()),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: format!("mkdir_p {path}"),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("mkdir_p", "Ack", other)),
+        }
+    }
+
     /// Asks the guest to shut down (it answers `Ack`, then reboots, which ends the VMM).
     pub fn shutdown(&mut self, timeout: Duration) -> Result<(), SandboxError> {
         let id = self.ids.next_id();
@@ -363,6 +453,25 @@ impl GuestConn {
         match self.recv_for("shutdown", id)? {
             Message::Ack(_) => Ok(()),
             other => Err(unexpected("shutdown", "Ack", other)),
+        }
+    }
+}
+
+/// Sends `data` as `ExecStdin` frames for exec `id` (the last one flagged EOF) until done,
+/// `stop` is set or the connection fails.
+fn feed_stdin(w: &mut UnixStream, id: voidbox_protocol::RequestId, data: &[u8], stop: &AtomicBool) {
+    let n = data.len().div_ceil(STDIN_CHUNK);
+    for (i, chunk) in data.chunks(STDIN_CHUNK).enumerate() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let m = Message::ExecStdin(ExecStdin {
+            id,
+            eof: i + 1 == n,
+            data: chunk.to_vec(),
+        });
+        if write_message(w, &m).is_err() {
+            return;
         }
     }
 }
@@ -675,6 +784,100 @@ mod tests {
             other => panic!("{other:?}"),
         }
         drop(g);
+        t.join().unwrap();
+    }
+
+    /// Deterministic bytes that differ at every offset of a frame.
+    fn pattern(len: usize) -> Vec<u8> {
+        let mut x: u32 = 0x2545_f491;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn inputs_above_one_frame_are_streamed_whole_as_file_and_stdin() {
+        // Larger than MAX_MESSAGE_SIZE: it cannot travel in any single frame.
+        let size = voidbox_protocol::MAX_MESSAGE_SIZE as usize + (5 << 20) + 3;
+        let data = std::sync::Arc::new(pattern(size));
+        let want = std::sync::Arc::clone(&data);
+        let secret = SessionSecret::random().unwrap();
+        let (dir, t) = fake_guest(secret.clone(), move |s| {
+            // input.json: a chunked WriteFile, reassembled and compared.
+            let Message::WriteFile(w) = read_message(s).unwrap() else {
+                panic!("expected WriteFile")
+            };
+            assert!(w.more && w.create_parents);
+            let mut file = w.contents.clone();
+            loop {
+                let Message::FileChunk(c) = read_message(s).unwrap() else {
+                    panic!("expected FileChunk")
+                };
+                assert_eq!(c.offset, file.len() as u64);
+                file.extend_from_slice(&c.data);
+                if c.last {
+                    break;
+                }
+            }
+            assert!(file == *want, "file arrives whole");
+            write_message(s, &Message::Ack(Ack { id: w.id })).unwrap();
+            // stdin: streamed, echoed back as output while it arrives (a child that writes
+            // as it reads, like `tr`), so the host must read and write at once.
+            let Message::ExecRequest(r) = read_message(s).unwrap() else {
+                panic!("expected exec")
+            };
+            assert!(r.stdin_stream && r.stdin.is_empty());
+            let (mut seq, mut total) = (0, 0usize);
+            loop {
+                let Message::ExecStdin(c) = read_message(s).unwrap() else {
+                    panic!("expected ExecStdin")
+                };
+                assert!(c.data.len() <= STDIN_CHUNK);
+                for piece in c.data.chunks(voidbox_protocol::OUTPUT_CHUNK_SIZE) {
+                    let out = Message::ExecOutputChunk(ExecOutputChunk {
+                        id: r.id,
+                        stream: OutputStream::Stdout,
+                        seq,
+                        data: piece.to_vec(),
+                    });
+                    write_message(s, &out).unwrap();
+                    seq += 1;
+                }
+                total += c.data.len();
+                if c.eof {
+                    break;
+                }
+            }
+            let resp = ExecResponse {
+                id: r.id,
+                exit_code: Some(0),
+                stdout_bytes: total as u64,
+                ..ExecResponse::default()
+            };
+            write_message(s, &Message::ExecResponse(resp)).unwrap();
+        });
+        let mut g = connect(&dir, &secret);
+        g.write_file("/workspace/input.json", &data, Some(0o644))
+            .unwrap();
+        let mut echoed = Vec::with_capacity(size);
+        let r = g
+            .exec(
+                ExecRequest {
+                    program: "cat".into(),
+                    stdin: data.to_vec(),
+                    ..ExecRequest::default()
+                },
+                &mut |_, d| echoed.extend_from_slice(d),
+            )
+            .unwrap();
+        assert_eq!(r.exit_code, Some(0));
+        assert_eq!(r.stdout_bytes, size as u64);
+        assert!(echoed == *data, "stdin arrives whole");
         t.join().unwrap();
     }
 

@@ -13,7 +13,6 @@
 //! The API is blocking; async callers run it on a blocking thread. The VMM is always
 //! forked from one long-lived thread, so its parent-death signal is tied to this process.
 
-pub mod cli;
 pub mod error;
 pub mod guest;
 pub mod image;
@@ -416,6 +415,21 @@ impl Sandbox {
     pub fn read_file(&mut self, path: &str, max_len: u64) -> Result<Vec<u8>, SandboxError> {
         let r = self.conn.read_file(path, max_len);
         self.check("read_file", r)
+    }
+
+    /// Lists a guest directory (see [`guest::GuestConn::list_dir`]).
+    pub fn list_dir(
+        &mut self,
+        path: &str,
+    ) -> Result<(Vec<voidbox_protocol::DirEntry>, bool), SandboxError> {
+        let r = self.conn.list_dir(path);
+        self.check("list_dir", r)
+    }
+
+    /// Creates a guest directory and its parents.
+    pub fn mkdir_p(&mut self, path: &str) -> Result<(), SandboxError> {
+        let r = self.conn.mkdir_p(path);
+        self.check("mkdir_p", r)
     }
 
     /// One authenticated `Ping` round trip.

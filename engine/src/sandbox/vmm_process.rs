@@ -65,7 +65,7 @@ impl VmmLauncher {
 
 /// Runs the VMM in this process (the hidden `voidbox __vmm` mode); never returns.
 pub fn run_vmm_mode(args: Vec<String>) -> ! {
-    voidbox_vmm::process::main_with_args(args)
+    voidbox_vmm::entry::main_with_args(args)
 }
 
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);

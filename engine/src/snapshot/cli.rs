@@ -15,11 +15,12 @@ pub enum SnapshotCommand {
     /// Create (or re-create) the golden snapshot for a VM size: one cold boot to "guest agent
     /// ready", then the snapshot. `apply` creates missing ones by itself on first use.
     Create {
-        /// Guest memory in MiB (the spec's `sandbox.memory_mb`).
-        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(32..=3072))]
+        /// Guest memory in MiB (the spec's `sandbox.memory_mb`, 64..=65536); the default is
+        /// `voidbox run`'s, so `create` without options makes the snapshot `run` restores.
+        #[arg(long, default_value_t = crate::limits::DEFAULT_RUN_MEMORY_MB, value_parser = crate::limits::memory_mb_arg())]
         memory_mb: u32,
-        /// vCPUs (the spec's `sandbox.vcpus`).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+        /// vCPUs (the spec's `sandbox.vcpus`, 1..=32).
+        #[arg(long, default_value_t = 1, value_parser = crate::limits::vcpus_arg())]
         vcpus: u8,
         /// Replace an existing snapshot of the same key.
         #[arg(long)]

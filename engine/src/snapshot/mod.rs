@@ -55,7 +55,7 @@ impl GoldenSpec {
         content_hash(&(
             "voidbox-golden-snapshot",
             env!("CARGO_PKG_VERSION"),
-            voidbox_vmm::snapshot::format::FORMAT_VERSION,
+            voidbox_vmm::persist::format::FORMAT_VERSION,
             image_key(&self.image, &self.extra_cmdline),
             self.memory_mb,
             self.vcpus,

@@ -135,8 +135,8 @@ impl Entry {
         let meta: Meta =
             serde_json::from_str(&text).map_err(|e| invalid(format!("{META_FILE}: {e}")))?;
         for f in [
-            voidbox_vmm::snapshot::format::STATE_FILE,
-            voidbox_vmm::snapshot::format::MEMORY_FILE,
+            voidbox_vmm::persist::format::STATE_FILE,
+            voidbox_vmm::persist::format::MEMORY_FILE,
             SECRET_FILE,
         ] {
             if !dir.join(f).is_file() {
@@ -410,7 +410,7 @@ impl Store {
 /// The cache size cap: [`MAX_BYTES_ENV`] or [`DEFAULT_MAX_BYTES`].
 pub fn max_bytes() -> Result<u64, String> {
     match std::env::var(MAX_BYTES_ENV) {
-        Ok(v) => crate::run::data::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
+        Ok(v) => crate::apply::data::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
         Err(_) => Ok(DEFAULT_MAX_BYTES),
     }
 }

@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{MAX_MEMORY_MB, MAX_TIMEOUT_SECS, MAX_VCPUS, MIN_MEMORY_MB, MIN_VCPUS};
+/// `sandbox.limits`: the guest policy's own type, shared with the guest agent.
+pub use voidbox_protocol::ResourceLimits;
+
 /// A voidbox spec: one `agent`, `sandbox`, `pipeline` or `workflow`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -49,9 +53,10 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 100))]
     pub retries: Option<u32>,
-    /// Wall-clock limit for the whole run, in seconds.
+    /// Wall-clock limit for the whole run, in seconds (none by default; every node also has
+    /// its own limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
     pub timeout_secs: Option<u64>,
     /// What happens to independent nodes when one fails.
     #[serde(default)]
@@ -114,11 +119,11 @@ pub struct Sandbox {
     pub mode: SandboxMode,
     /// Guest memory per VM, in MiB.
     #[serde(default = "default_memory_mb")]
-    #[schemars(range(min = 64, max = 65536))]
+    #[schemars(range(min = MIN_MEMORY_MB, max = MAX_MEMORY_MB))]
     pub memory_mb: u64,
     /// Virtual CPUs per VM.
     #[serde(default = "default_vcpus")]
-    #[schemars(range(min = 1, max = 32))]
+    #[schemars(range(min = MIN_VCPUS, max = MAX_VCPUS))]
     pub vcpus: u32,
     /// Give the VM network access (user-mode SLIRP). Off unless asked for.
     #[serde(default)]
@@ -144,10 +149,21 @@ pub struct Sandbox {
     /// Snapshot to restore from: a hash prefix or a directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Extra programs the guest agent may start in each VM, besides the node's own program
+    /// (`run.program`, or the agent runtime): bare names (resolved on the guest's `PATH`)
+    /// or absolute paths. Anything else is refused with exit code 126. Children of an
+    /// allowed program are not filtered (`sh -c "tr …"` needs only `sh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(inner(pattern(r"^(/\S*|[^/\s]+)$")))]
+    pub allowed_commands: Option<Vec<String>>,
+    /// Resource limits of every process in the VM (unset: nofile 1024, nproc 1024,
+    /// fsize_mb 4096, address space unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceLimits>,
 }
 
 fn default_memory_mb() -> u64 {
-    1024
+    crate::limits::DEFAULT_SPEC_MEMORY_MB
 }
 
 fn default_vcpus() -> u32 {
@@ -168,6 +184,8 @@ impl Default for Sandbox {
             kernel: None,
             initramfs: None,
             snapshot: None,
+            allowed_commands: None,
+            limits: None,
         }
     }
 }
@@ -192,11 +210,11 @@ pub enum SandboxMode {
 pub struct SandboxOverride {
     /// Guest memory for this box, in MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 64, max = 65536))]
+    #[schemars(range(min = MIN_MEMORY_MB, max = MAX_MEMORY_MB))]
     pub memory_mb: Option<u64>,
     /// Virtual CPUs for this box.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 32))]
+    #[schemars(range(min = MIN_VCPUS, max = MAX_VCPUS))]
     pub vcpus: Option<u32>,
     /// Network access for this box.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -213,6 +231,13 @@ pub struct SandboxOverride {
     /// Snapshot to restore this box from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Extra programs this box's guest agent may start (replaces the spec's list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(inner(pattern(r"^(/\S*|[^/\s]+)$")))]
+    pub allowed_commands: Option<Vec<String>>,
+    /// Resource limits for this box (each one set here replaces the spec's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceLimits>,
 }
 
 /// A host directory mounted into the VM.
@@ -256,6 +281,10 @@ pub struct Llm {
     /// Name of the host environment variable that holds the API key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+    /// void-box's host-side key injection: the guest never sees the API key, a host proxy
+    /// adds it. Accepted; `apply` refuses it until real agent runtimes land.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credential_proxy: bool,
 }
 
 /// LLM provider.
@@ -323,9 +352,9 @@ pub struct Agent {
     /// Skills installed into the VM before the agent starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<SkillEntry>,
-    /// Time limit for the agent, in seconds.
+    /// Time limit for the agent, in seconds (without it: the default node timeout, 1800 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
     pub timeout_secs: Option<u64>,
     /// Guest path of the file the agent writes its result to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -397,9 +426,9 @@ pub struct PipelineBox {
     /// LLM settings for this box (overrides the spec's `llm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<Llm>,
-    /// Time limit for this box, in seconds.
+    /// Time limit for this box, in seconds (without it: the default node timeout, 1800 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
     pub timeout_secs: Option<u64>,
     /// Retries after a failed attempt (exponential backoff with jitter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -513,9 +542,9 @@ pub struct Step {
     /// `service` for a long-running step (void-box compatible).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<StepMode>,
-    /// Time limit for this step, in seconds.
+    /// Time limit for this step, in seconds (without it: the default node timeout, 1800 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
     pub timeout_secs: Option<u64>,
     /// Retries after a failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]

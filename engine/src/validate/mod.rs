@@ -2,6 +2,10 @@
 //!
 //! Every problem in a file is reported at once, each with a stable code and a location.
 
+pub mod artifacts;
+pub mod names;
+pub mod paths;
+pub mod runtimes;
 pub mod semantic;
 pub mod skills;
 

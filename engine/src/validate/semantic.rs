@@ -10,6 +10,7 @@ use std::path::Path;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostic::{Diagnostic, Span};
+use crate::spec::host_path::Resolved;
 use crate::spec::yaml::{Node, NodeKind};
 use crate::suggest::did_you_mean;
 use crate::validate::skills::check_skill_string;
@@ -18,6 +19,7 @@ use crate::validate::skills::check_skill_string;
 pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     let kind = root.get("kind").and_then(Node::as_str);
     check_sections(root, kind, out);
+    crate::validate::names::check(root, out);
     if let Some(sandbox) = root.get("sandbox") {
         check_sandbox(sandbox, base, out);
     }
@@ -26,6 +28,7 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     }
     if let Some(pipeline) = root.get("pipeline") {
         check_pipeline(pipeline, base, out);
+        crate::validate::artifacts::check(pipeline, out);
     }
     if let Some(workflow) = root.get("workflow") {
         check_workflow(workflow, base, out);
@@ -33,6 +36,11 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     if let Some(run) = root.get("run") {
         check_env(run.get("env"), out);
     }
+    crate::validate::runtimes::check(
+        root,
+        &|| crate::image::initramfs::cached_path_programs(),
+        out,
+    );
 }
 
 fn key_span(node: &Node, key: &str) -> Span {
@@ -117,7 +125,10 @@ fn check_sandbox(sandbox: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     for key in ["kernel", "initramfs"] {
         if let Some(node) = sandbox.get(key) {
             if let Some(p) = node.as_str() {
-                if !base.join(p).is_file() {
+                if !crate::validate::paths::resolve(base, p, node.span, out)
+                    .path()
+                    .is_file()
+                {
                     out.push(
                         Diagnostic::error(
                             "voidbox::file_not_found",
@@ -141,7 +152,27 @@ fn check_mounts(mounts: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
     for m in items(mounts) {
         if let Some(host) = m.get("host") {
             if let Some(p) = host.as_str().filter(|p| !p.is_empty()) {
-                if std::fs::metadata(base.join(p)).is_err() {
+                let resolved = crate::validate::paths::resolve(base, p, host.span, out);
+                let rw = m.get("mode").and_then(Node::as_str) == Some("rw");
+                if matches!(resolved, Resolved::Missing(_)) && rw {
+                    out.push(
+                        Diagnostic::warning(
+                            "voidbox::mount_created",
+                            format!(
+                                "`rw` mount host directory `{p}` does not exist: it is created ({}) when the node starts",
+                                std::path::absolute(resolved.path())
+                                    .unwrap_or_else(|_| resolved.path().to_path_buf())
+                                    .display()
+                            ),
+                            host.span,
+                        )
+                        .with_label("created when the node starts")
+                        .with_help(format!(
+                            "host paths are relative to the spec file's directory: {}",
+                            base.display()
+                        )),
+                    );
+                } else if matches!(resolved, Resolved::Missing(_)) {
                     out.push(
                         Diagnostic::error(
                             "voidbox::mount_not_found",

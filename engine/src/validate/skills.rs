@@ -19,7 +19,8 @@ const MAX_SKILL_FILE: u64 = 1024 * 1024;
 pub enum SkillRef<'a> {
     /// `agent:NAME`: the LLM agent CLI itself.
     Agent(&'a str),
-    /// `file:PATH`: a local skill file or directory (relative to the spec file).
+    /// `file:PATH`: a local skill file or directory (relative to the spec file, else to the
+    /// working directory, with a warning).
     File(&'a str),
     /// `remote:OWNER/REPO[/SKILL]`: a published skill.
     Remote(&'a str),
@@ -99,7 +100,7 @@ pub fn check_skill_string(s: &str, span: Span, base: &Path, out: &mut Vec<Diagno
 
 /// Where a `file:` skill's SKILL.md (if any) lives, and whether it follows Agent Skills rules.
 fn check_file_skill(rel: &str, span: Span, base: &Path, out: &mut Vec<Diagnostic>) {
-    let path = base.join(rel);
+    let path = crate::validate::paths::resolve(base, rel, span, out).into_path();
     let meta = match std::fs::metadata(&path) {
         Ok(m) => m,
         Err(e) => {

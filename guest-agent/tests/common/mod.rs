@@ -158,6 +158,15 @@ impl ExecResult {
     }
 }
 
+/// Asserts that an exec was refused by the allowlist (exit 126, nothing ran) and returns
+/// the guest's message.
+pub fn refusal(r: &ExecResult) -> String {
+    let resp = r.resp();
+    assert_eq!(resp.exit_code, Some(EXIT_NOT_ALLOWED), "{resp:?}");
+    assert!(r.stdout.is_empty() && r.stderr.is_empty(), "{r:?}");
+    resp.error.clone().expect("a refusal names the program")
+}
+
 pub fn sh(script: &str) -> ExecRequest {
     ExecRequest {
         program: "sh".into(),

@@ -51,19 +51,21 @@ pub fn policy() -> impl Strategy<Value = GuestPolicy> {
         option::of(any::<bool>()),
     )
         .prop_map(
-            |(allowlist, (nofile, nproc, fsize, as_bytes), (dt, mt, mo), mc, pty)| GuestPolicy {
-                allowlist,
-                rlimits: ResourceLimits {
-                    nofile,
-                    nproc,
-                    fsize,
-                    as_bytes,
-                },
-                default_timeout_secs: dt,
-                max_timeout_secs: mt,
-                max_output_bytes: mo,
-                max_concurrent_execs: mc,
-                allow_pty: pty,
+            |(allowlist, (nofile, nproc, fsize_mb, address_space_mb), (dt, mt, mo), mc, pty)| {
+                GuestPolicy {
+                    allowlist,
+                    rlimits: ResourceLimits {
+                        nofile,
+                        nproc,
+                        fsize_mb,
+                        address_space_mb,
+                    },
+                    default_timeout_secs: dt,
+                    max_timeout_secs: mt,
+                    max_output_bytes: mo,
+                    max_concurrent_execs: mc,
+                    allow_pty: pty,
+                }
             },
         )
 }

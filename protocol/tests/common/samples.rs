@@ -11,8 +11,8 @@ pub fn samples() -> Vec<Message> {
         rlimits: ResourceLimits {
             nofile: Some(1024),
             nproc: Some(256),
-            fsize: Some(1 << 30),
-            as_bytes: None,
+            fsize_mb: Some(1024),
+            address_space_mb: None,
         },
         default_timeout_secs: Some(30),
         max_timeout_secs: Some(600),
@@ -125,6 +125,19 @@ pub fn samples() -> Vec<Message> {
             uid: 1000,
             gid: 1000,
             mtime_secs: 1_700_000_000,
+        }),
+        Message::ListDir(ListDir {
+            id: RequestId(8),
+            path: "/workspace/out".into(),
+        }),
+        Message::DirListing(DirListing {
+            id: RequestId(8),
+            entries: vec![DirEntry {
+                name: "a.txt".into(),
+                kind: FileKind::File,
+                size: 11,
+            }],
+            truncated: false,
         }),
         Message::PtyOpen(PtyOpen {
             id: RequestId(9),

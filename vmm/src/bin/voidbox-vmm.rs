@@ -4,5 +4,5 @@
 //! [`voidbox_vmm::process`] and `vmm/README.md`.
 
 fn main() {
-    voidbox_vmm::process::main_with_args(std::env::args().skip(1).collect());
+    voidbox_vmm::entry::main_with_args(std::env::args().skip(1).collect());
 }

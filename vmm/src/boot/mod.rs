@@ -14,7 +14,7 @@ use linux_loader::loader::bootparam::setup_header;
 use linux_loader::loader::{BzImage, Elf, KernelLoader};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::memory::GuestMem;
+use crate::memory::{low_ram_end, ram_size, GuestMem};
 
 /// GDT location.
 pub const BOOT_GDT_START: u64 = 0x500;
@@ -121,7 +121,8 @@ pub fn load_kernel(mem: &GuestMem, path: &Path) -> Result<LoadedKernel, BootErro
 }
 
 /// Chooses where an initramfs of `size` bytes goes: page-aligned, as high as possible below
-/// `min(end of RAM, max_addr)`, above the kernel.
+/// `min(mem_end, max_addr)`, above the kernel. `mem_end` is the end of the RAM region at 0
+/// (below the 32-bit MMIO gap).
 pub fn initramfs_address(
     mem_end: u64,
     max_addr: u64,
@@ -156,7 +157,7 @@ pub fn load_initramfs(
         .map(|h| u64::from(h.initrd_addr_max))
         .filter(|m| *m != 0)
         .unwrap_or(0x7fff_ffff);
-    let mem_end = mem.last_addr().raw_value() + 1;
+    let mem_end = low_ram_end(mem);
     let addr = initramfs_address(mem_end, max_addr, kernel.end, size)?;
     let len = usize::try_from(size).map_err(|_| BootError::Initramfs)?;
     let mut slice = mem
@@ -186,7 +187,7 @@ pub fn configure_system(
     setup_header: Option<setup_header>,
     num_cpus: u8,
 ) -> Result<(), BootError> {
-    let mem_size = mem.last_addr().raw_value() + 1;
+    let mem_size = ram_size(mem);
     let params = params::build_boot_params(&params::BootParamsInput {
         mem_size,
         cmdline_len: u32::try_from(cmdline_len).map_err(|_| BootError::Cmdline)?,
@@ -240,6 +241,19 @@ mod tests {
             .unwrap();
         assert_eq!(&buf, b"console=ttyS0\0");
         assert!(write_cmdline(&mem, &"x".repeat(4096)).is_err());
+    }
+
+    #[test]
+    fn large_guest_boot_structures_stay_below_the_gap() {
+        let mem = create_guest_memory(4 << 30).unwrap();
+        configure_system(&mem, 10, None, None, 1).unwrap();
+        let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap();
+        assert_eq!(p.e820_entries, 4);
+        let last = p.e820_table[3];
+        assert_eq!(({ last.addr }, { last.size }), (4 << 30, 1 << 30));
+        // The initramfs goes below the gap even when the kernel would accept it higher.
+        let a = initramfs_address(low_ram_end(&mem), u64::from(u32::MAX), 0, 4096).unwrap();
+        assert_eq!(a, crate::memory::MMIO_GAP_START - 4096);
     }
 
     #[test]

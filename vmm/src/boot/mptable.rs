@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn checksums_are_zero() {
-        for cpus in [1u8, 2, 16] {
+        for cpus in [1u8, 2, 16, crate::config::MAX_VCPUS] {
             let t = build_mptable(cpus, MPTABLE_START).unwrap();
             assert_eq!(&t[0..4], b"_MP_");
             assert_eq!(checksum(&t[..16]), 0, "floating pointer checksum");
@@ -159,8 +159,8 @@ mod tests {
         assert!(build_mptable(0, MPTABLE_START).is_err());
         assert!(build_mptable(40, MPTABLE_START).is_err());
         let mem = create_guest_memory(32 << 20).unwrap();
-        setup_mptable(&mem, 16).unwrap();
-        let tiny = create_guest_memory(0x9fc00 + 8).unwrap();
+        setup_mptable(&mem, crate::config::MAX_VCPUS).unwrap();
+        let tiny = create_guest_memory(0x9f000).unwrap();
         assert!(setup_mptable(&tiny, 1).is_err());
     }
 }

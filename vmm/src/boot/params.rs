@@ -3,6 +3,7 @@
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 
 use super::{BootError, CMDLINE_START, EBDA_START, HIMEM_START};
+use crate::memory::ram_regions;
 
 /// e820 type for usable RAM.
 pub const E820_RAM: u32 = 1;
@@ -17,7 +18,8 @@ const KERNEL_MIN_ALIGNMENT: u32 = 0x0100_0000;
 /// Inputs of the zero page.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BootParamsInput {
-    /// Guest RAM size in bytes (RAM is `[0, mem_size)`).
+    /// Guest RAM size in bytes, laid out by [`crate::memory::ram_regions`] (below the MMIO
+    /// gap, the rest from 4 GiB up).
     pub mem_size: u64,
     /// Command-line length in bytes, without the terminating NUL.
     pub cmdline_len: u32,
@@ -46,19 +48,19 @@ pub fn build_boot_params(input: &BootParamsInput) -> Result<boot_params, BootErr
         params.hdr.ramdisk_image = u32::try_from(addr).map_err(|_| BootError::Initramfs)?;
         params.hdr.ramdisk_size = u32::try_from(size).map_err(|_| BootError::Initramfs)?;
     }
+    let regions = ram_regions(input.mem_size).map_err(|_| BootError::MemoryTooSmall)?;
     add_e820(&mut params, 0, EBDA_START, E820_RAM)?;
     add_e820(
         &mut params,
         EBDA_START,
-        0x10_0000 - EBDA_START,
+        HIMEM_START - EBDA_START,
         E820_RESERVED,
     )?;
-    add_e820(
-        &mut params,
-        HIMEM_START,
-        input.mem_size - HIMEM_START,
-        E820_RAM,
-    )?;
+    for r in regions {
+        // The low region's first MiB is described above.
+        let start = r.start.max(HIMEM_START);
+        add_e820(&mut params, start, r.end() - start, E820_RAM)?;
+    }
     Ok(params)
 }
 
@@ -129,6 +131,56 @@ mod tests {
         }
         assert!(prev_end <= mem);
         assert_eq!(ram, mem - (HIMEM_START - EBDA_START));
+    }
+
+    fn e820(mem_size: u64) -> Vec<(u64, u64, u32)> {
+        let p = build_boot_params(&BootParamsInput {
+            mem_size,
+            ..Default::default()
+        })
+        .unwrap();
+        p.e820_table[..usize::from(p.e820_entries)]
+            .iter()
+            .map(|e| (e.addr, e.size, e.r#type))
+            .collect()
+    }
+
+    #[test]
+    fn e820_for_small_and_large_guests() {
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        let base = [
+            (0, EBDA_START, E820_RAM),
+            (EBDA_START, HIMEM_START - EBDA_START, E820_RESERVED),
+        ];
+        let with = |rest: &[(u64, u64, u32)]| [&base[..], rest].concat();
+        assert_eq!(
+            e820(128 * MIB),
+            with(&[(HIMEM_START, 128 * MIB - HIMEM_START, E820_RAM)])
+        );
+        assert_eq!(
+            e820(3 * GIB),
+            with(&[(HIMEM_START, 3 * GIB - HIMEM_START, E820_RAM)])
+        );
+        let low = (HIMEM_START, 3 * GIB - HIMEM_START, E820_RAM);
+        assert_eq!(e820(4 * GIB), with(&[low, (4 * GIB, GIB, E820_RAM)]));
+        assert_eq!(e820(16 * GIB), with(&[low, (4 * GIB, 13 * GIB, E820_RAM)]));
+        // Usable RAM is the guest's size less the reserved EBDA/BIOS hole, and nothing is
+        // usable inside the 32-bit MMIO gap.
+        for size in [128 * MIB, 3 * GIB, 4 * GIB, 16 * GIB] {
+            let e = e820(size);
+            let ram: u64 = e.iter().filter(|x| x.2 == E820_RAM).map(|x| x.1).sum();
+            assert_eq!(ram, size - (HIMEM_START - EBDA_START));
+            for (a, s, _) in e {
+                assert!(a + s <= 3 * GIB || a >= 4 * GIB, "{a:#x}+{s:#x} in the gap");
+            }
+        }
+        // Not a valid guest size.
+        assert!(build_boot_params(&BootParamsInput {
+            mem_size: crate::memory::MAX_GUEST_MEMORY + 4096,
+            ..Default::default()
+        })
+        .is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub use snapshot::SnapshotReport;
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::thread::JoinHandleExt;
 use std::path::Path;
@@ -41,10 +42,10 @@ use crate::memory::{
     create_guest_memory, GuestMem, KVM_TSS_ADDRESS, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
     VIRTIO_MMIO_SIZE,
 };
-use crate::snapshot::format::SnapshotKey;
-use crate::snapshot::state::{snapshot_key, VirtioDeviceState};
-use crate::snapshot::vcpu::VcpuCaps;
-use crate::snapshot::PersistError;
+use crate::persist::format::SnapshotKey;
+use crate::persist::state::{snapshot_key, VirtioDeviceState};
+use crate::persist::vcpu::VcpuCaps;
+use crate::persist::PersistError;
 use crate::status::StatusWriter;
 use crate::vcpu::{configure_vcpu, kick_signal, VcpuCommand, VcpuRunner};
 
@@ -166,6 +167,7 @@ pub struct Vm {
     mmio: Arc<Bus>,
     serial: Arc<Mutex<SerialDevice>>,
     console_tail: Arc<Mutex<ConsoleTail>>,
+    console_fd: RawFd,
     virtio: Vec<VirtioSlot>,
     muxer: Option<Muxer>,
     events_tx: Sender<VmEvent>,
@@ -260,6 +262,7 @@ impl Vm {
             .map_err(|e| {
                 VmError::Setup(format!("console log {}: {e}", cfg.console_log.display()))
             })?;
+        let console_fd = console_file.as_raw_fd();
         let console = ConsoleLog::new(Some(console_file), Some(events_tx.clone()));
         let console_tail = console.tail();
         let serial_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
@@ -384,6 +387,7 @@ impl Vm {
             mmio: Arc::new(mmio),
             serial,
             console_tail,
+            console_fd,
             virtio,
             muxer,
             events_tx,
@@ -419,6 +423,8 @@ impl Vm {
                 stop: self.stop.clone(),
                 commands: cmd_rx,
                 caps: self.caps.clone(),
+                mem: self.mem.clone(),
+                xstate_reported: false,
             };
             let (a, b) = (arrived.clone(), start.clone());
             let h = std::thread::Builder::new()
@@ -462,6 +468,7 @@ impl Vm {
             events_rx: self.events_rx,
             serial: self.serial,
             console_tail: self.console_tail,
+            console_fd: self.console_fd,
             virtio: self.virtio,
             stop: self.stop,
             vcpu_threads,
@@ -515,6 +522,7 @@ pub struct Running {
     events_rx: Receiver<VmEvent>,
     serial: Arc<Mutex<SerialDevice>>,
     console_tail: Arc<Mutex<ConsoleTail>>,
+    console_fd: RawFd,
     virtio: Vec<VirtioSlot>,
     stop: Arc<AtomicBool>,
     vcpu_threads: Vec<JoinHandle<()>>,
@@ -545,6 +553,12 @@ impl Running {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .lines()
+    }
+
+    /// The console log's descriptor (the only one seccomp lets the VMM `pwrite` and
+    /// `ftruncate`; it stays open for the VMM's lifetime).
+    pub fn console_fd(&self) -> RawFd {
+        self.console_fd
     }
 
     /// Flushes buffered console output to the log file.

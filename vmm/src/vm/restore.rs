@@ -13,9 +13,9 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use super::VmError;
 use crate::config::VmConfig;
 use crate::memory::{map_guest_memory_file, GuestMem};
-use crate::snapshot::format::{self, decode_state, MemoryCheck};
-use crate::snapshot::state::{snapshot_key, SnapshotState};
-use crate::snapshot::vcpu::VcpuCaps;
+use crate::persist::format::{self, decode_state, MemoryCheck};
+use crate::persist::state::{snapshot_key, SnapshotState};
+use crate::persist::vcpu::VcpuCaps;
 
 /// A verified and validated snapshot.
 pub(super) struct Loaded {

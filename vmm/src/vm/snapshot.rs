@@ -6,7 +6,7 @@
 //!    muxer touches the backend and guest memory only under the backend lock, so the devices
 //!    and guest memory are quiescent while the locks are held.
 //! 3. VM state (irqchip, PIT, clock) and device state are captured, the state blob and the
-//!    memory file written ([`crate::snapshot::format::save`]).
+//!    memory file written ([`crate::persist::format::save`]).
 //! 4. The locks are released and every vCPU gets [`VcpuCommand::Resume`], on every path.
 
 use std::path::Path;
@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use super::{Running, VirtioBackend};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::VsockBackend;
-use crate::snapshot::format::{encode_state, save};
-use crate::snapshot::state::{DevicesState, SnapshotState, VirtioDeviceState, VirtioSlotState};
-use crate::snapshot::vcpu::VcpuState;
-use crate::snapshot::vm_state::VmState;
+use crate::persist::format::{encode_state, save};
+use crate::persist::state::{DevicesState, SnapshotState, VirtioDeviceState, VirtioSlotState};
+use crate::persist::vcpu::VcpuState;
+use crate::persist::vm_state::VmState;
 use crate::vcpu::VcpuCommand;
 
 /// How long the vCPUs may take to pause.

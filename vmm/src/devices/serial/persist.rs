@@ -8,7 +8,7 @@ use vm_superio::Serial;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{ConsoleLog, EventFdTrigger, SerialDevice};
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 /// Size of the 8250's receive FIFO as emulated by vm-superio.
 pub const RX_FIFO_SIZE: usize = 64;

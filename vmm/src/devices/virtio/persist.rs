@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
 use crate::memory::GuestMem;
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 /// Serializable virtqueue state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

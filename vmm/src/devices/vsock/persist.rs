@@ -20,7 +20,7 @@ use crate::devices::virtio::persist::QueueSnapshot;
 use crate::devices::virtio::Interrupt;
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 const NAME: &str = "vsock";
 /// Longest "broken" reason kept.

@@ -16,7 +16,7 @@ use super::super::persist::QueueSnapshot;
 use super::super::{status, Interrupt, VirtioDevice};
 use super::MmioTransport;
 use crate::memory::GuestMem;
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 /// Serializable transport state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

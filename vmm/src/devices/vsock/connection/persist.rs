@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::packet::{MAX_PKT_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND};
 use super::{ConnState, Connection, CLOSE_TIMEOUT, CONN_BUF_ALLOC};
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 const NAME: &str = "vsock";
 /// Most control bytes ("OK <port>\n") that can precede guest data in the TX buffer.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::devices::vsock::persist::VsockBackendState;
-use crate::snapshot::PersistError;
+use crate::persist::PersistError;
 
 /// Replaces the harness's backend with one restored from its own saved state.
 fn swap_in_restored(

@@ -144,9 +144,9 @@ mod tests {
     use crate::devices::serial::{ConsoleLog, SerialDevice};
     use crate::devices::virtio::Interrupt;
     use crate::devices::vsock::VsockBackend;
-    use crate::snapshot::format::{decode_state, encode_state};
-    use crate::snapshot::vcpu::tests::sample as vcpu_sample;
-    use crate::snapshot::vm_state::tests::sample as vm_sample;
+    use crate::persist::format::{decode_state, encode_state};
+    use crate::persist::vcpu::tests::sample as vcpu_sample;
+    use crate::persist::vm_state::tests::sample as vm_sample;
     use std::sync::Arc;
     use vmm_sys_util::eventfd::EventFd;
 

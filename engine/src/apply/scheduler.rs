@@ -11,7 +11,7 @@ use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use tokio::sync::{mpsc, watch};
 
-use super::control::{NodeControl, StopReason};
+use super::cancel::{NodeControl, StopReason};
 use super::data::{final_output, node_input, NodeInput};
 use super::progress::Progress;
 use crate::plan::{Plan, PlanNode};
@@ -76,7 +76,8 @@ pub struct AgentStats {
     pub num_turns: u64,
     /// Tool names in call order (capped).
     pub tool_calls: Vec<String>,
-    /// The final result text (capped).
+    /// The final result text, whole (a result over the output cap fails the node and is
+    /// not kept).
     pub result: Option<String>,
 }
 
@@ -107,6 +108,8 @@ pub struct Attempt {
     pub agent: Option<AgentStats>,
     /// An environment problem (no KVM, no image): the run exits 3.
     pub environment: bool,
+    /// Output directories copied out of the VM (on success).
+    pub artifacts: Vec<super::artifacts::ArtifactStats>,
 }
 
 impl Attempt {
@@ -125,6 +128,7 @@ impl Attempt {
             exec: None,
             agent: None,
             environment: false,
+            artifacts: Vec::new(),
         }
     }
 
@@ -489,8 +493,8 @@ async fn node_task(mut t: NodeTask) {
             Some(StopReason::TimedOut) if a.status != Status::Succeeded => {
                 a.status = Status::TimedOut;
                 a.error = Some(format!(
-                    "timed out after {}s (host deadline; the VM was killed)",
-                    node.timeout_secs.unwrap_or(0)
+                    "timed out: {} fired (host deadline; the VM was killed)",
+                    node.timeout()
                 ));
             }
             _ => {}

@@ -2,22 +2,24 @@
 //! along the edges (design §4), fan-out branches in parallel and merged as JSON arrays.
 //!
 //! [`scheduler`] drives the DAG on tokio through an [`Executor`](scheduler::Executor)
-//! ([`vm::VmExecutor`] for real VMs); [`data`] holds the merge and input rules; [`report`]
+//! ([`executor::VmExecutor`] for real VMs); [`data`] holds the merge and input rules; [`report`]
 //! the summary table, JSON report and JUnit XML; [`agent`] the agent runtime and its
-//! stream-json parser.
+//! stream-json parser; [`policy`] the guest policy (allowlist, rlimits) each VM gets.
 //!
 //! Exit codes: 0 success, 1 the pipeline failed (a node failed or timed out, or the
 //! pipeline timed out), 2 usage (bad `--input`), 3 environment (no KVM, no guest image, an
 //! LLM provider that cannot run here, a node that can never fit in memory), 128+n on signal n.
 
 pub mod agent;
-pub mod control;
+pub mod artifacts;
+pub mod cancel;
 pub mod data;
+pub mod executor;
+pub mod policy;
 pub mod progress;
+pub mod refusals;
 pub mod report;
 pub mod scheduler;
-pub mod support;
-pub mod vm;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -67,6 +69,9 @@ pub struct ApplyOptions {
     pub retry_base: Duration,
     /// Restore VMs from golden snapshots (`false`: `--no-snapshot`, every VM cold-boots).
     pub snapshots: bool,
+    /// The spec's text, for refusing (with field and line) what `apply` cannot carry out.
+    /// Without it only the LLM providers are checked.
+    pub spec: Option<Arc<refusals::SpecSource>>,
 }
 
 impl Default for ApplyOptions {
@@ -81,6 +86,7 @@ impl Default for ApplyOptions {
             logs_dir: None,
             retry_base: Duration::from_secs(1),
             snapshots: true,
+            spec: None,
         }
     }
 }
@@ -117,27 +123,34 @@ fn default_logs_dir(plan: &Plan) -> PathBuf {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or_default();
-    base.join("voidbox/runs")
-        .join(format!("{}-{ms}-{}", plan.name, std::process::id()))
+    base.join("voidbox/runs").join(format!(
+        "{}-{ms}-{}",
+        crate::names::file_component(&plan.name),
+        std::process::id()
+    ))
 }
 
 /// Runs `plan` with the real VM executor, printing progress, summary and reports.
 /// Returns the exit code.
 pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
-    if let Some(n) = plan
-        .graph
-        .node_weights()
-        .find(|n| matches!(n.action, crate::plan::Action::Shell))
-    {
-        eprintln!(
-            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:` (an interactive `voidbox shell` is not available yet)",
-            n.name
-        );
+    if let Some(msg) = refusals::nothing_to_run(&plan) {
+        eprintln!("{msg}");
         return 2;
     }
-    if let Err(e) = agent::check_providers(&plan).and_then(|()| support::check_supported(&plan)) {
-        eprintln!("error: {e}");
-        return 3;
+    match &opts.spec {
+        Some(src) => {
+            let r = refusals::check_spec(&plan, src);
+            if !r.is_empty() {
+                eprint!("{}", refusals::render(src, &r));
+                return refusals::EXIT_REFUSED;
+            }
+        }
+        None => {
+            if let Err(e) = agent::check_providers(&plan) {
+                eprintln!("error: {e}");
+                return 3;
+            }
+        }
     }
     if let Err(e) = check_kvm() {
         eprintln!("error: {e}");
@@ -158,6 +171,13 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 3;
         }
     };
+    if let Some(src) = &opts.spec {
+        let r = image_refusals(&plan, src, &image, opts.snapshots);
+        if !r.is_empty() {
+            eprint!("{}", refusals::render(src, &r));
+            return refusals::EXIT_REFUSED;
+        }
+    }
     let logs_dir = opts
         .logs_dir
         .clone()
@@ -195,7 +215,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 2;
         }
     };
-    let exec = Arc::new(vm::VmExecutor {
+    let exec = Arc::new(executor::VmExecutor {
         image,
         launcher: VmmLauncher::default(),
         boot_timeout: opts.boot_timeout,
@@ -227,6 +247,44 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
     progress.finish();
     drop(runtime_dir);
     finish(&plan, &result, opts)
+}
+
+/// The refusals that depend on the guest image the nodes boot: `cli:` skills whose program
+/// is not on its `PATH`, and spec-named snapshots that cannot restore their node (checked
+/// only when `snapshots` is on; `--no-snapshot` ignores them).
+pub fn image_refusals(
+    plan: &Plan,
+    src: &refusals::SpecSource,
+    image: &GuestImage,
+    snapshots: bool,
+) -> Vec<refusals::Refusal> {
+    let programs = image
+        .vmlinux
+        .parent()
+        .and_then(crate::image::initramfs::image_path_programs);
+    let store = snapshots
+        .then(|| crate::snapshot::Store::open(None).ok())
+        .flatten();
+    let check = |n: &crate::plan::PlanNode, value: &str| -> Result<(), String> {
+        let Some(store) = &store else { return Ok(()) };
+        let mut cfg = crate::sandbox::SandboxConfig::new(image.clone());
+        cfg.memory_mb = u32::try_from(n.sandbox.memory_mb).unwrap_or(u32::MAX);
+        cfg.vcpus = u8::try_from(n.sandbox.vcpus).unwrap_or(u8::MAX);
+        crate::snapshot::explicit(store, value, &plan.spec_dir, &cfg)
+            .map(drop)
+            .map_err(|e| match e {
+                crate::sandbox::SandboxError::Environment(m) => m,
+                e => e.to_string(),
+            })
+    };
+    refusals::check_image(
+        plan,
+        src,
+        &refusals::ImageFacts {
+            path_programs: programs.as_ref(),
+            snapshot: Some(&check),
+        },
+    )
 }
 
 /// Runs the scheduler on a fresh tokio runtime; SIGINT / SIGTERM abort the run.

@@ -5,10 +5,13 @@
 //! * [`STATE_FILE`]: `MAGIC (8) | format version (u32 LE) | header length (u32 LE) |
 //!   header (JSON) | SHA-256 of everything before it (32) | state blob`. The header records
 //!   what the snapshot was taken of (memory size, vCPU count, device set, guest image hash),
-//!   the length and SHA-256 of the state blob, and the length and SHA-256 of the memory file.
-//! * [`MEMORY_FILE`]: guest-physical memory from address 0, written sparsely (zero pages are
-//!   holes), to be mapped `MAP_PRIVATE` on restore. Its digest ([`MemoryDigest`]) covers the
-//!   non-zero pages only, so verifying it reads just the file's data extents.
+//!   the length and SHA-256 of the state blob, the guest RAM regions, and the length and
+//!   SHA-256 of the memory file.
+//! * [`MEMORY_FILE`]: the guest RAM regions ([`crate::memory::ram_regions`]: below the 32-bit
+//!   MMIO gap, then from 4 GiB up) back to back in guest-physical order, written sparsely
+//!   (zero pages are holes), each region mapped `MAP_PRIVATE` from its file offset on restore.
+//!   Its digest ([`MemoryDigest`]) covers the non-zero pages only (indexed by file offset), so
+//!   verifying it reads just the file's data extents.
 //!
 //! Both files are created mode 0600: guest memory holds the guest's session secret.
 //!
@@ -34,7 +37,9 @@ pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
 /// Current (and only accepted) format version. Bump on any incompatible change to the
 /// container or to the serialized state.
 /// Version 2: the memory digest covers non-zero pages only ([`MemoryDigest`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 3: guest RAM in up to two regions (split at the 32-bit MMIO gap), recorded in the
+/// header ([`SnapshotHeader::memory_regions`]) and stored back to back in the memory file.
+pub const FORMAT_VERSION: u32 = 3;
 /// Largest header accepted.
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;
 /// Largest state blob accepted (the real one is ≈10 KB per vCPU plus device buffers).
@@ -76,11 +81,37 @@ pub struct SnapshotHeader {
     pub state_len: u64,
     /// SHA-256 of the state blob, hex.
     pub state_sha256: String,
+    /// Guest RAM regions in guest-physical order, as stored back to back in the memory file;
+    /// must be the layout of `key.memory_size` ([`crate::memory::ram_regions`]).
+    pub memory_regions: Vec<SavedRegion>,
     /// Length of the memory file (equals `key.memory_size`).
     pub memory_len: u64,
     /// [`MemoryDigest`] of the memory file (SHA-256 over its non-zero pages, each prefixed by
     /// its page index), hex.
     pub memory_sha256: String,
+}
+
+/// One guest RAM region of a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedRegion {
+    /// Guest-physical start.
+    pub guest_addr: u64,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+/// The regions a guest of `memory_size` bytes has (and its memory file holds).
+pub fn memory_layout(memory_size: u64) -> Result<Vec<SavedRegion>, SnapshotError> {
+    let regions = crate::memory::ram_regions(memory_size)
+        .map_err(|e| SnapshotError::BadHeader(format!("memory size {memory_size}: {e}")))?;
+    Ok(regions
+        .iter()
+        .map(|r| SavedRegion {
+            guest_addr: r.start,
+            size: r.size,
+        })
+        .collect())
 }
 
 /// Why a snapshot was refused.
@@ -190,6 +221,7 @@ pub fn encode(
         vmm_version: env!("CARGO_PKG_VERSION").to_string(),
         state_len,
         state_sha256: hex(&Sha256::digest(state)),
+        memory_regions: memory_layout(key.memory_size)?,
         memory_len,
         memory_sha256: hex(memory_sha256),
     };
@@ -314,6 +346,12 @@ pub fn decode<'a>(
             header.memory_len, header.key.memory_size
         )));
     }
+    if header.memory_regions != memory_layout(header.key.memory_size)? {
+        return Err(SnapshotError::BadHeader(format!(
+            "memory regions {:?} are not the layout of {} bytes of guest memory",
+            header.memory_regions, header.key.memory_size
+        )));
+    }
     let state_len = usize::try_from(header.state_len).map_err(|_| SnapshotError::TooLarge {
         what: "state",
         len: header.state_len,
@@ -428,8 +466,9 @@ pub fn is_zero(buf: &[u8]) -> bool {
     head.iter().all(|&b| b == 0) && body.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }
 
-/// Writes guest memory `[0, size)` to `path` (created new, mode 0600) as a sparse file
-/// (all-zero pages are left as holes) and returns its [`MemoryDigest`].
+/// Writes guest memory (`size` bytes laid out by [`memory_layout`], each region at its file
+/// offset) to `path` (created new, mode 0600) as a sparse file (all-zero pages are left as
+/// holes) and returns its [`MemoryDigest`].
 pub fn write_memory_file(
     mem: &GuestMem,
     size: u64,
@@ -440,27 +479,34 @@ pub fn write_memory_file(
             "memory size {size} is not a multiple of the page size"
         )));
     }
+    let layout = memory_layout(size)?;
     let f = create_private(path)?;
     f.set_len(size).map_err(io_err(path))?;
     let mut digest = MemoryDigest::new();
     let mut buf = vec![0u8; COPY_CHUNK];
-    let mut off = 0u64;
-    while off < size {
-        let n = usize::try_from((size - off).min(COPY_CHUNK as u64)).unwrap_or(COPY_CHUNK);
-        let chunk = &mut buf[..n];
-        mem.read_slice(chunk, GuestAddress(off)).map_err(|e| {
-            io_err(path)(io::Error::other(format!(
-                "reading guest memory at {off:#x}: {e}"
-            )))
-        })?;
-        for (i, page) in chunk.chunks(PAGE_SIZE).enumerate() {
-            if !is_zero(page) {
-                let at = off + (i * PAGE_SIZE) as u64;
-                digest.add_page(at / PAGE_SIZE as u64, page);
-                f.write_all_at(page, at).map_err(io_err(path))?;
+    let mut file_off = 0u64;
+    for region in layout {
+        let mut off = 0u64;
+        while off < region.size {
+            let n =
+                usize::try_from((region.size - off).min(COPY_CHUNK as u64)).unwrap_or(COPY_CHUNK);
+            let chunk = &mut buf[..n];
+            let gpa = region.guest_addr + off;
+            mem.read_slice(chunk, GuestAddress(gpa)).map_err(|e| {
+                io_err(path)(io::Error::other(format!(
+                    "reading guest memory at {gpa:#x}: {e}"
+                )))
+            })?;
+            for (i, page) in chunk.chunks(PAGE_SIZE).enumerate() {
+                if !is_zero(page) {
+                    let at = file_off + off + (i * PAGE_SIZE) as u64;
+                    digest.add_page(at / PAGE_SIZE as u64, page);
+                    f.write_all_at(page, at).map_err(io_err(path))?;
+                }
             }
+            off += n as u64;
         }
-        off += n as u64;
+        file_off += region.size;
     }
     f.sync_all().map_err(io_err(path))?;
     Ok(digest.finish())
@@ -696,8 +742,9 @@ mod tests {
         let mut data = sample();
         data[0] ^= 1;
         assert!(matches!(decode(&data, None), Err(SnapshotError::BadMagic)));
-        // Version 1 (whole-file memory digest) and a future version are both refused.
-        for v in [1u32, FORMAT_VERSION + 1] {
+        // Version 1 (whole-file memory digest), 2 (one memory region) and a future version are
+        // all refused.
+        for v in [1u32, 2, FORMAT_VERSION + 1] {
             let mut data = sample();
             data[8..12].copy_from_slice(&v.to_le_bytes());
             assert!(matches!(
@@ -787,6 +834,129 @@ mod tests {
         assert!(matches!(
             decode(&d, None),
             Err(SnapshotError::TooLarge { what: "state", .. })
+        ));
+    }
+
+    /// A state file whose header was changed by `f`, with valid checksums.
+    fn with_header(f: impl FnOnce(&mut SnapshotHeader)) -> Vec<u8> {
+        let data = sample();
+        let hl = header_len(&data);
+        let mut h: SnapshotHeader = serde_json::from_slice(&data[16..16 + hl]).unwrap();
+        f(&mut h);
+        let state = b"{\"x\":1}";
+        h.state_len = state.len() as u64;
+        let hb = serde_json::to_vec(&h).unwrap();
+        let mut d = Vec::new();
+        d.extend_from_slice(&MAGIC);
+        d.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        d.extend_from_slice(&(hb.len() as u32).to_le_bytes());
+        d.extend_from_slice(&hb);
+        let dg = Sha256::digest(&d);
+        d.extend_from_slice(&dg);
+        d.extend_from_slice(state);
+        d
+    }
+
+    #[test]
+    fn memory_regions_must_be_the_layout_of_the_memory_size() {
+        let (h, _) = decode(&sample(), None).unwrap();
+        assert_eq!(
+            h.memory_regions,
+            [SavedRegion {
+                guest_addr: 0,
+                size: MEM
+            }]
+        );
+        decode(&with_header(|_| {}), None).unwrap();
+        for bad in [
+            vec![],
+            vec![SavedRegion {
+                guest_addr: 0,
+                size: MEM / 2,
+            }],
+            vec![SavedRegion {
+                guest_addr: 1 << 32,
+                size: MEM,
+            }],
+            vec![
+                SavedRegion {
+                    guest_addr: 0,
+                    size: MEM,
+                },
+                SavedRegion {
+                    guest_addr: 1 << 32,
+                    size: 0,
+                },
+            ],
+        ] {
+            let d = with_header(|h| h.memory_regions = bad.clone());
+            assert!(
+                matches!(decode(&d, None), Err(SnapshotError::BadHeader(_))),
+                "{bad:?}"
+            );
+        }
+        // A key whose size has no layout (not page-aligned) is refused too.
+        let d = with_header(|h| {
+            h.key.memory_size = MEM + 1;
+            h.memory_len = MEM + 1;
+        });
+        assert!(matches!(decode(&d, None), Err(SnapshotError::BadHeader(_))));
+    }
+
+    #[test]
+    fn guest_above_the_mmio_gap_saves_and_restores_both_regions() {
+        use crate::memory::{map_guest_memory_file, HIGH_RAM_START, MMIO_GAP_START};
+        const SIZE: u64 = 4 << 30;
+        let dir = tempfile::tempdir().unwrap();
+        let k = SnapshotKey {
+            memory_size: SIZE,
+            ..key()
+        };
+        let mem = create_guest_memory(SIZE).unwrap();
+        mem.write_slice(b"low", GuestAddress(0x2000)).unwrap();
+        mem.write_slice(b"below gap", GuestAddress(MMIO_GAP_START - 9))
+            .unwrap();
+        mem.write_slice(b"above gap", GuestAddress(HIGH_RAM_START))
+            .unwrap();
+        mem.write_slice(b"top", GuestAddress(HIGH_RAM_START + (1 << 30) - 3))
+            .unwrap();
+        let saved = save(dir.path(), &k, b"{}", &mem).unwrap();
+        assert_eq!(saved.header.memory_len, SIZE);
+        assert_eq!(saved.header.memory_regions.len(), 2);
+        assert!(saved.disk_bytes < 1 << 20, "{}", saved.disk_bytes);
+        // In the file the high region follows the low one.
+        let mp = dir.path().join(MEMORY_FILE);
+        let f = File::open(&mp).unwrap();
+        let mut b = [0u8; 9];
+        f.read_exact_at(&mut b, MMIO_GAP_START).unwrap();
+        assert_eq!(&b, b"above gap");
+        // Verified and mapped back at the right guest addresses.
+        let snap = load(dir.path(), &k, MemoryCheck::Full).unwrap();
+        let m = map_guest_memory_file(snap.memory_file, SIZE).unwrap();
+        for (at, want) in [
+            (0x2000, &b"low"[..]),
+            (MMIO_GAP_START - 9, b"below gap"),
+            (HIGH_RAM_START, b"above gap"),
+            (HIGH_RAM_START + (1 << 30) - 3, b"top"),
+        ] {
+            let mut got = vec![0u8; want.len()];
+            m.read_slice(&mut got, GuestAddress(at)).unwrap();
+            assert_eq!(got, want, "at {at:#x}");
+        }
+        // A changed byte in the high region is caught; a smaller guest is refused.
+        let fw = OpenOptions::new().write(true).open(&mp).unwrap();
+        fw.write_all_at(b"A", MMIO_GAP_START).unwrap();
+        assert!(matches!(
+            load(dir.path(), &k, MemoryCheck::Full),
+            Err(SnapshotError::Checksum("memory"))
+        ));
+        let small = SnapshotKey {
+            memory_size: 3 << 30,
+            ..key()
+        };
+        assert!(matches!(
+            load(dir.path(), &small, MemoryCheck::LengthOnly),
+            Err(SnapshotError::Mismatch { .. })
         ));
     }
 

@@ -17,12 +17,11 @@ pub const MOCK_RUNTIME: &str = "/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm"
 pub const GUEST_SKILLS_DIR: &str = "/home/sandbox/.claude/skills";
 /// Default guest file the runtime writes its result to.
 pub const DEFAULT_OUTPUT_FILE: &str = "/workspace/output.json";
-/// Longest stream-json line parsed (longer ones are skipped).
+/// Longest stream-json line parsed at least (longer ones are skipped); a parser for a larger
+/// output cap allows a `result` line of twice the cap (JSON escaping).
 const MAX_LINE: usize = 1 << 20;
 /// Tool calls kept in the report.
 const MAX_TOOL_CALLS: usize = 256;
-/// Result text kept in the report.
-const MAX_RESULT_CHARS: usize = 4096;
 /// Bounds on what a `file:` skill may copy into the guest.
 const MAX_SKILL_FILES: usize = 256;
 const MAX_SKILL_BYTES: u64 = 8 << 20;
@@ -32,6 +31,12 @@ const MAX_SKILL_BYTES: u64 = 8 << 20;
 pub fn check_providers(plan: &Plan) -> Result<(), String> {
     for n in plan.graph.node_weights() {
         if let Action::Agent(a) = &n.action {
+            if a.llm.credential_proxy {
+                return Err(format!(
+                    "agent box `{}` sets `llm.credential_proxy: true` (host-side API key injection), which no agent runtime in the guest image of this installation uses yet\n  help: remove `credential_proxy` until real agent runtimes land",
+                    n.name
+                ));
+            }
             if a.llm.provider != Provider::Mock {
                 return Err(format!(
                     "agent box `{}` uses `llm.provider: {}`, whose CLI is not in the guest image of this installation\n  help: only `provider: mock` (an offline stand-in) can run here for now",
@@ -143,6 +148,11 @@ fn file_skill(path: &Path, out: &mut Vec<GuestFile>, total: &mut u64) -> Result<
     Ok(())
 }
 
+/// The program the guest starts for `agent` (its runtime; only the mock one exists yet).
+pub fn runtime_program(_agent: &AgentAction) -> &'static str {
+    MOCK_RUNTIME
+}
+
 /// The exec request that runs the mock runtime for `agent`.
 pub fn runtime_request(
     agent: &AgentAction,
@@ -150,7 +160,7 @@ pub fn runtime_request(
     timeout: Option<u64>,
 ) -> ExecRequest {
     ExecRequest {
-        program: MOCK_RUNTIME.into(),
+        program: runtime_program(agent).into(),
         args: vec![
             "-p".into(),
             agent.prompt.clone(),
@@ -170,8 +180,9 @@ pub fn runtime_request(
 }
 
 /// Incremental parser of stream-json (one JSON object per line). Hostile input: lines are
-/// bounded, anything that is not an object of a known type is ignored.
-#[derive(Debug, Default)]
+/// bounded, anything that is not an object of a known type is ignored. The `result` text is
+/// kept whole up to the node's output cap, never cut: a larger one is reported as such.
+#[derive(Debug)]
 pub struct StreamParser {
     line: Vec<u8>,
     skipping: bool,
@@ -179,6 +190,16 @@ pub struct StreamParser {
     result_seen: bool,
     is_error: bool,
     events: u64,
+    max_line: usize,
+    max_result: u64,
+    skipped_lines: u64,
+    result_over_cap: Option<u64>,
+}
+
+impl Default for StreamParser {
+    fn default() -> Self {
+        StreamParser::new(super::data::DEFAULT_MAX_OUTPUT)
+    }
 }
 
 /// What the stream said in the end.
@@ -192,9 +213,58 @@ pub struct StreamSummary {
     pub is_error: bool,
     /// JSON events parsed.
     pub events: u64,
+    /// Lines skipped for being longer than the parser's limit.
+    pub skipped_lines: u64,
+    /// The `result` text was larger than the output cap: its size in bytes (it is then not
+    /// in `stats.result`).
+    pub result_over_cap: Option<u64>,
+    /// The output cap the result was held to.
+    pub max_result: u64,
+}
+
+impl StreamSummary {
+    /// The result text for the node output: whole, or an error when it exceeds the cap.
+    pub fn result(&self) -> Result<Option<String>, String> {
+        match self.result_over_cap {
+            Some(n) => Err(super::data::over_cap(
+                "the agent's result",
+                n,
+                self.max_result,
+            )),
+            None => Ok(self.stats.result.clone()),
+        }
+    }
+
+    /// Why no `result` event was seen, for the failure message.
+    pub fn missing_result_hint(&self) -> String {
+        if self.skipped_lines == 0 {
+            return String::new();
+        }
+        format!(
+            " ({} stream line(s) longer than twice the output cap were skipped; raise it with --max-output)",
+            self.skipped_lines
+        )
+    }
 }
 
 impl StreamParser {
+    /// A parser whose `result` may be up to `max_result` bytes (the node's output cap).
+    pub fn new(max_result: u64) -> StreamParser {
+        let line = max_result.saturating_mul(2).saturating_add(64 << 10);
+        StreamParser {
+            line: Vec::new(),
+            skipping: false,
+            stats: AgentStats::default(),
+            result_seen: false,
+            is_error: false,
+            events: 0,
+            max_line: usize::try_from(line).unwrap_or(usize::MAX).max(MAX_LINE),
+            max_result,
+            skipped_lines: 0,
+            result_over_cap: None,
+        }
+    }
+
     /// Feeds bytes (any chunking).
     pub fn push(&mut self, data: &[u8]) {
         for &b in data {
@@ -206,9 +276,10 @@ impl StreamParser {
                 self.line.clear();
                 self.skipping = false;
             } else if !self.skipping {
-                if self.line.len() >= MAX_LINE {
+                if self.line.len() >= self.max_line {
                     self.skipping = true;
-                    self.line.clear();
+                    self.skipped_lines += 1;
+                    self.line = Vec::new();
                 } else {
                     self.line.push(b);
                 }
@@ -227,6 +298,9 @@ impl StreamParser {
             result_seen: self.result_seen,
             is_error: self.is_error,
             events: self.events,
+            skipped_lines: self.skipped_lines,
+            result_over_cap: self.result_over_cap,
+            max_result: self.max_result,
         }
     }
 
@@ -258,10 +332,13 @@ impl StreamParser {
                     || v.get("subtype")
                         .and_then(Value::as_str)
                         .is_some_and(|s| s != "success");
-                self.stats.result = v
-                    .get("result")
-                    .and_then(Value::as_str)
-                    .map(|s| cap(s, MAX_RESULT_CHARS));
+                let result = v.get("result").and_then(Value::as_str);
+                self.result_over_cap = result
+                    .map(|r| r.len() as u64)
+                    .filter(|&n| n > self.max_result);
+                self.stats.result = result
+                    .filter(|_| self.result_over_cap.is_none())
+                    .map(str::to_string);
                 let num = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
                 self.stats.input_tokens = num("/usage/input_tokens")
                     .saturating_add(num("/usage/cache_read_input_tokens"))
@@ -322,12 +399,57 @@ mod tests {
     #[test]
     fn hostile_streams_are_bounded() {
         let mut p = StreamParser::default();
-        p.push(&vec![b'{'; MAX_LINE + 10]);
+        p.push(&vec![
+            b'{';
+            2 * super::super::data::DEFAULT_MAX_OUTPUT as usize
+                + (64 << 10)
+                + 10
+        ]);
         p.push(b"\n{\"type\":\"result\",\"subtype\":\"error_max_turns\",\"total_cost_usd\":-1}\n");
         let s = p.finish();
         assert!(s.result_seen && s.is_error);
         assert_eq!(s.stats.cost_usd, 0.0);
         assert_eq!(s.events, 1);
+    }
+
+    fn result_line(text: &str) -> Vec<u8> {
+        let mut l = serde_json::to_vec(&serde_json::json!({
+            "type": "result", "subtype": "success", "is_error": false, "result": text
+        }))
+        .unwrap();
+        l.push(b'\n');
+        l
+    }
+
+    #[test]
+    fn the_result_is_kept_whole_up_to_the_output_cap() {
+        // Far beyond the old 4096-character cut, with characters that JSON escapes.
+        let text: String = "line \"quoted\"\t\u{e9}\n".repeat(40_000);
+        let mut p = StreamParser::new(text.len() as u64);
+        for c in result_line(&text).chunks(65536) {
+            p.push(c);
+        }
+        let s = p.finish();
+        assert!(s.result_seen && !s.is_error);
+        assert_eq!(s.result().unwrap().as_deref(), Some(text.as_str()));
+        assert_eq!(s.stats.result.as_deref(), Some(text.as_str()));
+        // One byte over the cap: an error naming the cap, never a cut result.
+        let mut p = StreamParser::new(text.len() as u64 - 1);
+        p.push(&result_line(&text));
+        let s = p.finish();
+        assert!(s.result_seen);
+        assert_eq!(s.stats.result, None);
+        let e = s.result().unwrap_err();
+        assert!(
+            e.contains("the agent's result") && e.contains("--max-output"),
+            "{e}"
+        );
+        // A result line beyond twice the cap is skipped and said so.
+        let mut p = StreamParser::new(10);
+        p.push(&result_line(&"x".repeat(MAX_LINE + 1)));
+        let s = p.finish();
+        assert!(!s.result_seen && s.skipped_lines == 1);
+        assert!(s.missing_result_hint().contains("--max-output"));
     }
 
     #[test]

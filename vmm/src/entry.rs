@@ -253,7 +253,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         ),
     };
-    if let Err(e) = crate::seccomp::install(cfg.snapshot_control) {
+    if let Err(e) = crate::seccomp::install(cfg.snapshot_control, Some(running.console_fd())) {
         finish(
             &status,
             ExitCode::Setup,

@@ -9,25 +9,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
+use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream, EXIT_NOT_ALLOWED};
 
-use super::{check_kvm, GuestImage, SandboxConfig, SandboxError};
 use crate::image::ProgressMode;
+use crate::limits::Timeout;
+use crate::sandbox::{check_kvm, GuestImage, SandboxConfig, SandboxError};
 
 /// `voidbox run` arguments.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=3072))]
+    /// Guest memory in MiB (64..=65536, like the spec's `memory_mb`).
+    #[arg(long, default_value_t = crate::limits::DEFAULT_RUN_MEMORY_MB, value_parser = crate::limits::memory_mb_arg())]
     pub memory_mb: u32,
-    /// Number of vCPUs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    /// Number of vCPUs (1..=32, like the spec's `vcpus`).
+    #[arg(long, default_value_t = 1, value_parser = crate::limits::vcpus_arg())]
     pub vcpus: u8,
     /// Keep the guest console log (its path is printed on stderr).
     #[arg(long)]
     pub keep_console: bool,
-    /// Kill the command (its whole process group) after this many seconds.
-    #[arg(long, value_name = "SECS")]
+    /// Kill the command (its whole process group) after this many seconds (1..=86400;
+    /// default: the default node timeout, 1800 s). The host kills the VM if the guest does not.
+    #[arg(long, value_name = "SECS", value_parser = crate::limits::timeout_arg())]
     pub timeout: Option<u64>,
     /// Environment variable for the command (repeatable).
     #[arg(long = "env", short = 'e', value_name = "NAME=VALUE")]
@@ -86,6 +88,9 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
+    let timeout = Timeout::flag(args.timeout);
+    // Host-side backstop: the VMM exits on its own once the guest had its full time.
+    cfg.wall_limit = Some(cfg.boot_timeout + Duration::from_secs(timeout.secs + 60));
     if args.keep_console {
         cfg.keep_console = Some(kept_console_path());
     }
@@ -93,12 +98,14 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         Some(x) => x,
         None => return Ok(2),
     };
+    // The guest may start this program and nothing else (children are not filtered).
+    cfg.policy = Some(crate::apply::policy::run_policy(program, args.timeout));
     let req = ExecRequest {
         program: program.clone(),
         args: rest.to_vec(),
         env,
         workdir: args.workdir.clone(),
-        timeout_secs: args.timeout,
+        timeout_secs: Some(timeout.secs),
         ..ExecRequest::default()
     };
     let snapshots = crate::snapshot::Snapshots::new(
@@ -128,7 +135,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         let _ = w.flush();
     });
     let code = match res {
-        Ok(r) => exit_code_of(program, &r),
+        Ok(r) => exit_code_of(program, &r, timeout),
         Err(SandboxError::Guest {
             code: ErrorCode::NotAllowed,
             message,
@@ -143,14 +150,22 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     Ok(code)
 }
 
-/// Maps a guest exec result to a shell-style exit code.
-pub fn exit_code_of(program: &str, r: &ExecResponse) -> u8 {
+/// Maps a guest exec result to a shell-style exit code; `timeout` is the limit the guest
+/// enforced.
+pub fn exit_code_of(program: &str, r: &ExecResponse, timeout: Timeout) -> u8 {
     if let Some(e) = &r.error {
-        eprintln!("voidbox: cannot run {program}: {e}");
+        if r.exit_code == Some(EXIT_NOT_ALLOWED) {
+            eprintln!("voidbox: {program}: refused by the guest policy: {e}");
+        } else {
+            eprintln!("voidbox: cannot run {program}: {e}");
+        }
         return r.exit_code.map_or(127, |c| (c & 0xff) as u8);
     }
     if r.timed_out {
-        eprintln!("voidbox: {program}: timed out after {} ms", r.duration_ms);
+        eprintln!(
+            "voidbox: {program}: timed out: {timeout} fired (after {} ms)",
+            r.duration_ms
+        );
         return 124;
     }
     if r.output_truncated {
@@ -177,22 +192,29 @@ mod tests {
 
     #[test]
     fn exit_codes() {
+        let t = Timeout::flag(Some(5));
         let r = |exit_code, signal, timed_out| ExecResponse {
             exit_code,
             signal,
             timed_out,
             ..ExecResponse::default()
         };
-        assert_eq!(exit_code_of("x", &r(Some(7), None, false)), 7);
-        assert_eq!(exit_code_of("x", &r(Some(256 + 3), None, false)), 3);
-        assert_eq!(exit_code_of("x", &r(None, Some(9), false)), 137);
-        assert_eq!(exit_code_of("x", &r(None, Some(9), true)), 124);
+        assert_eq!(exit_code_of("x", &r(Some(7), None, false), t), 7);
+        assert_eq!(exit_code_of("x", &r(Some(256 + 3), None, false), t), 3);
+        assert_eq!(exit_code_of("x", &r(None, Some(9), false), t), 137);
+        assert_eq!(exit_code_of("x", &r(None, Some(9), true), t), 124);
         let e = ExecResponse {
             error: Some("not found".into()),
             exit_code: Some(127),
             ..ExecResponse::default()
         };
-        assert_eq!(exit_code_of("x", &e), 127);
+        assert_eq!(exit_code_of("x", &e, t), 127);
+        let refused = ExecResponse {
+            error: Some("program `x` is not in the command allowlist (allowed: sh)".into()),
+            exit_code: Some(EXIT_NOT_ALLOWED),
+            ..ExecResponse::default()
+        };
+        assert_eq!(exit_code_of("x", &refused, t), 126);
     }
 
     #[test]
@@ -210,5 +232,10 @@ mod tests {
         let t = T::try_parse_from(["x", "ls", "-la"]).unwrap();
         assert_eq!(t.a.command, vec!["ls", "-la"]);
         assert!(T::try_parse_from(["x", "--vcpus", "0", "--", "ls"]).is_err());
+        // The spec's limits, not the VMM's old ones.
+        let t = T::try_parse_from(["x", "--memory-mb", "4096", "--vcpus", "32", "ls"]).unwrap();
+        assert_eq!((t.a.memory_mb, t.a.vcpus), (4096, 32));
+        assert!(T::try_parse_from(["x", "--memory-mb", "63", "ls"]).is_err());
+        assert!(T::try_parse_from(["x", "--timeout", "86401", "ls"]).is_err());
     }
 }

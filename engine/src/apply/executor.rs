@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
 use super::agent::{runtime_request, skill_files, StreamParser, DEFAULT_OUTPUT_FILE};
-use super::control::{kill_vmm_children, NodeControl, StopReason};
+use super::cancel::{kill_vmm_children, NodeControl, StopReason};
 use super::data::{over_cap, CappedBuf, Tail};
 use super::scheduler::{Attempt, Executor, Job, Status};
 use crate::plan::Action;
@@ -17,7 +17,8 @@ use crate::sandbox::{GuestImage, Sandbox, SandboxConfig, SandboxError, VmmLaunch
 pub const INPUT_FILE: &str = "/workspace/input.json";
 /// Stderr bytes kept for reports.
 const STDERR_TAIL: usize = 8 * 1024;
-/// Grace after a node's `timeout_secs` before the host kills the VM.
+/// Grace after a node's timeout (its `timeout_secs`, else the default) before the host
+/// kills the VM.
 const HOST_DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs attempts in fresh micro-VMs.
@@ -28,7 +29,8 @@ pub struct VmExecutor {
     pub launcher: VmmLauncher,
     /// Boot deadline per VM.
     pub boot_timeout: Duration,
-    /// Directory receiving `<node>.<attempt>.console.log`.
+    /// Directory receiving `<node>.<attempt>.console.log` (the node name encoded by
+    /// [`crate::names::file_component`]).
     pub logs_dir: PathBuf,
     /// Parent of the per-VM temp dirs.
     pub runtime_dir: Option<PathBuf>,
@@ -42,9 +44,11 @@ pub struct VmExecutor {
 
 impl Executor for VmExecutor {
     fn run(&self, job: &Job, ctl: &NodeControl) -> Attempt {
-        let console = self
-            .logs_dir
-            .join(format!("{}.{}.console.log", job.node.name, job.attempt));
+        let console = self.logs_dir.join(format!(
+            "{}.{}.console.log",
+            crate::names::file_component(&job.node.name),
+            job.attempt
+        ));
         let mut a = self.attempt(job, ctl, &console);
         if console.exists() {
             a.console_log = Some(console);
@@ -75,11 +79,14 @@ impl VmExecutor {
         cfg.boot_timeout = self.boot_timeout;
         cfg.keep_console = Some(console.to_path_buf());
         cfg.runtime_dir = self.runtime_dir.clone();
+        // Allowlist + rlimits, in force before the first request (see `policy`).
+        cfg.policy = Some(super::policy::node_policy(&job.node));
         // Backstop enforced by the VMM itself, should the host deadline thread fail.
-        cfg.wall_limit = job
-            .node
-            .timeout_secs
-            .map(|t| self.boot_timeout + Duration::from_secs(t) + Duration::from_secs(60));
+        cfg.wall_limit = Some(
+            self.boot_timeout
+                + Duration::from_secs(job.node.timeout().secs)
+                + Duration::from_secs(60),
+        );
         cfg
     }
 
@@ -151,7 +158,7 @@ impl VmExecutor {
                         env,
                         workdir: c.workdir.clone(),
                         stdin: job.input.stdin.clone().unwrap_or_default(),
-                        timeout_secs: job.node.timeout_secs,
+                        timeout_secs: Some(job.node.timeout().secs),
                         ..ExecRequest::default()
                     },
                     Vec::new(),
@@ -165,7 +172,7 @@ impl VmExecutor {
                     .output_file
                     .clone()
                     .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
-                let mut req = runtime_request(ag, &out, job.node.timeout_secs);
+                let mut req = runtime_request(ag, &out, Some(job.node.timeout().secs));
                 req.env.extend(env);
                 Ok((req, skills, Some(out), true))
             }
@@ -194,12 +201,13 @@ impl VmExecutor {
                 return stopped_or(ctl, sandbox_failure(e));
             }
         }
+        if let Err(e) = super::artifacts::place_inputs(sb, &job.node, &self.logs_dir) {
+            return stopped_or(ctl, Attempt::failed(Status::Failed, e));
+        }
         let mut stdout = CappedBuf::new(job.max_output);
         let mut stderr = Tail::new(STDERR_TAIL);
-        let mut stream = agent.then(StreamParser::default);
-        if let Some(t) = job.node.timeout_secs {
-            ctl.arm_deadline(Duration::from_secs(t) + HOST_DEADLINE_GRACE);
-        }
+        let mut stream = agent.then(|| StreamParser::new(job.max_output));
+        ctl.arm_deadline(Duration::from_secs(job.node.timeout().secs) + HOST_DEADLINE_GRACE);
         let t0 = Instant::now();
         let res = sb.exec(req, &mut |s, data| match s {
             OutputStream::Stdout => {
@@ -212,7 +220,24 @@ impl VmExecutor {
         });
         let exec = t0.elapsed();
         let mut a = match res {
-            Ok(r) => self.collect(sb, job, &r, stdout, stream, output_file),
+            Ok(r) => {
+                let mut a = self.collect(sb, job, &r, stdout, stream, output_file);
+                if a.status == Status::Succeeded {
+                    match super::artifacts::collect_outputs(
+                        sb,
+                        &job.node,
+                        &self.logs_dir,
+                        job.max_output,
+                    ) {
+                        Ok(stats) => a.artifacts = stats,
+                        Err(e) => {
+                            a.status = Status::Failed;
+                            a.error = Some(e);
+                        }
+                    }
+                }
+                a
+            }
             Err(e) => sandbox_failure(e),
         };
         a.exec = Some(exec);
@@ -234,8 +259,8 @@ impl VmExecutor {
             Attempt::failed(
                 Status::TimedOut,
                 format!(
-                    "timed out after {}s (the guest killed the command)",
-                    job.node.timeout_secs.unwrap_or(0)
+                    "timed out: {} fired (the guest killed the command)",
+                    job.node.timeout()
                 ),
             )
         } else if let Some(e) = &r.error {
@@ -257,9 +282,9 @@ impl VmExecutor {
             )
         } else if let Some(s) = summary.as_ref().filter(|s| !s.result_seen || s.is_error) {
             let why = if s.result_seen {
-                "reported an error"
+                "reported an error".to_string()
             } else {
-                "ended without a result"
+                format!("ended without a result{}", s.missing_result_hint())
             };
             Attempt::failed(Status::Failed, format!("the agent runtime {why}"))
         } else {
@@ -267,7 +292,7 @@ impl VmExecutor {
                 sb,
                 job,
                 stdout,
-                summary.as_ref().and_then(|s| s.stats.result.clone()),
+                summary.as_ref().map_or(Ok(None), |s| s.result()),
                 output_file,
             ) {
                 Ok(o) => Attempt::ok(o),
@@ -280,13 +305,14 @@ impl VmExecutor {
         a
     }
 
-    /// `output_file` if the node wrote it, else stdout (agents: the result text).
+    /// `output_file` if the node wrote it, else stdout (agents: the whole result text, or
+    /// the error saying it exceeds the cap).
     fn output(
         &self,
         sb: &mut Sandbox,
         job: &Job,
         stdout: CappedBuf,
-        result: Option<String>,
+        result: Result<Option<String>, String>,
         output_file: &Option<String>,
     ) -> Result<Vec<u8>, String> {
         if let Some(path) = output_file {
@@ -312,7 +338,7 @@ impl VmExecutor {
                 Err(e) => return Err(format!("reading {path}: {e}")),
             }
         }
-        match result {
+        match result? {
             Some(r) => Ok(r.into_bytes()),
             None => stdout.into_result("stdout"),
         }

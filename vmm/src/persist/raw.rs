@@ -36,7 +36,7 @@ impl<T: IntoBytes + Immutable> Eq for Raw<T> {}
 
 impl<T: IntoBytes + Immutable> Serialize for Raw<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&crate::snapshot::format::hex(self.0.as_bytes()))
+        s.serialize_str(&crate::persist::format::hex(self.0.as_bytes()))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::control::NodeControl;
+use super::cancel::NodeControl;
 use super::progress::Silent;
 use super::scheduler::{
     backoff, run_plan, Abort, Attempt, Executor, Job, RunResult, SchedOptions, Status,
@@ -272,6 +272,11 @@ fn node_deadline_reports_timed_out() {
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(r.nodes[0].status, Status::TimedOut);
     assert_eq!(exit_code(&r), 1);
+    let error = r.nodes[0].last.as_ref().and_then(|a| a.error.clone());
+    assert_eq!(
+        error.as_deref(),
+        Some("timed out: node timeout_secs=1 s fired (host deadline; the VM was killed)")
+    );
 }
 
 #[test]

@@ -13,9 +13,17 @@
 //!                "exec_ms": int|null, "exit_code": int|null,
 //!                "signal": int|null, "output_bytes": int|null, "console_log": str|null,
 //!                "error": str|null,
+//!                "timeout": null|{ "limit": str, "secs": int },
 //!                "agent": null|{ "model", "input_tokens", "output_tokens", "cost_usd",
-//!                                "num_turns", "tool_calls": [str], "result" } } ] }
+//!                                "num_turns", "tool_calls": [str], "result" (whole) },
+//!                "artifacts": [ { "name": str, "files": int, "bytes": int,
+//!                                 "skipped": int } ] } ],
+//!   "timeout": null|{ "limit": "pipeline timeout_secs", "secs": int } }
 //! ```
+//!
+//! `timeout` names the limit that fired and its value: on a `timed_out` node its own
+//! (`"node timeout_secs"` or `"default node timeout"`), on the run and on the nodes it
+//! cancelled the spec's `"pipeline timeout_secs"`.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -23,8 +31,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::data::element;
-use super::scheduler::{Abort, RunResult, Status};
-use crate::plan::Plan;
+use super::scheduler::{Abort, NodeRecord, RunResult, Status};
+use crate::limits::Timeout;
+use crate::plan::{Plan, PlanNode};
 
 /// Report format version.
 pub const REPORT_VERSION: u64 = 1;
@@ -45,6 +54,29 @@ pub fn run_status(r: &RunResult) -> &'static str {
         Some(Abort::Signal(_)) => "cancelled",
         _ if r.success() => "succeeded",
         _ => "failed",
+    }
+}
+
+/// The pipeline limit that stopped the run, when it did.
+pub fn run_timeout(plan: &Plan, r: &RunResult) -> Option<Timeout> {
+    match (r.abort, plan.timeout_secs) {
+        (Some(Abort::Timeout), Some(secs)) => Some(Timeout::pipeline(secs)),
+        _ => None,
+    }
+}
+
+/// The limit that ended a node: its own for a timed-out node, the pipeline's for a node the
+/// pipeline timeout cancelled.
+pub fn node_timeout(
+    plan: &Plan,
+    r: &RunResult,
+    node: &PlanNode,
+    n: &NodeRecord,
+) -> Option<Timeout> {
+    match n.status {
+        Status::TimedOut => Some(node.timeout()),
+        Status::Cancelled => run_timeout(plan, r),
+        _ => None,
     }
 }
 
@@ -70,7 +102,9 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "output_bytes": a.filter(|_| n.status == Status::Succeeded).map(|a| a.output.len()),
                 "console_log": a.and_then(|a| a.console_log.as_ref()).map(|p| p.display().to_string()),
                 "error": a.and_then(|a| a.error.clone()),
+                "timeout": node_timeout(plan, r, &plan.graph[idx], n).map_or(Value::Null, |t| t.to_json()),
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
+                "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
             })
         })
         .collect();
@@ -89,6 +123,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
         "duration_ms": r.duration.as_millis() as u64,
         "output": r.output.as_deref().map_or(Value::Null, element),
         "nodes": nodes,
+        "timeout": run_timeout(plan, r).map_or(Value::Null, |t| t.to_json()),
     })
 }
 
@@ -132,9 +167,10 @@ pub fn summary_table(plan: &Plan, r: &RunResult) -> String {
             );
         }
     }
+    let fired = run_timeout(plan, r).map_or(String::new(), |t| format!(" ({t} fired)"));
     let _ = writeln!(
         s,
-        "{}: {} in {}",
+        "{}: {} in {}{fired}",
         plan.name,
         run_status(r),
         secs(r.duration)
@@ -210,14 +246,122 @@ pub fn junit(plan: &Plan, r: &RunResult) -> String {
                 );
             }
             Status::Skipped | Status::Cancelled => {
+                let why = match node_timeout(plan, r, node, n) {
+                    Some(t) => format!("{}: {t} fired", n.status.as_str()),
+                    None => n.status.as_str().to_string(),
+                };
                 let _ = writeln!(
                     x,
                     ">\n      <skipped message=\"{}\"/>\n    </testcase>",
-                    n.status.as_str()
+                    xml_escape(&why)
                 );
             }
         }
     }
     x.push_str("  </testsuite>\n</testsuites>\n");
     x
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::apply::scheduler::Attempt;
+
+    fn plan(src: &str) -> Plan {
+        let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));
+        let spec = v
+            .spec
+            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
+        Plan::compile(&spec, Path::new("/")).expect("plan")
+    }
+
+    fn record(status: Status, error: &str) -> NodeRecord {
+        NodeRecord {
+            status,
+            attempts: 1,
+            started: Some(Duration::ZERO),
+            duration: Some(Duration::from_secs(1)),
+            last: Some(Attempt::failed(status, error)),
+        }
+    }
+
+    const TWO: &str = "kind: pipeline\nname: p\ntimeout_secs: 60\npipeline:\n  boxes:\n    - {name: own, run: {program: sleep}, timeout_secs: 30}\n    - {name: dflt, run: {program: sleep}}\n  stages:\n    - {type: fan_out, boxes: [own, dflt]}\n";
+
+    #[test]
+    fn a_timed_out_node_names_its_limit() {
+        let p = plan(TWO);
+        let own = p.graph.node_weights().next().expect("node").timeout();
+        let dflt = p.graph.node_weights().nth(1).expect("node").timeout();
+        let r = RunResult {
+            nodes: vec![
+                record(
+                    Status::TimedOut,
+                    &format!("timed out: {own} fired (the guest killed the command)"),
+                ),
+                record(
+                    Status::TimedOut,
+                    &format!("timed out: {dflt} fired (host deadline; the VM was killed)"),
+                ),
+            ],
+            output: None,
+            abort: Some(Abort::FailFast),
+            duration: Duration::from_secs(2),
+        };
+        let doc = json_report(&p, &r, 1);
+        assert_eq!(
+            doc["nodes"][0]["timeout"],
+            json!({"limit": "node timeout_secs", "secs": 30})
+        );
+        assert_eq!(
+            doc["nodes"][1]["timeout"],
+            json!({"limit": "default node timeout", "secs": crate::limits::DEFAULT_NODE_TIMEOUT_SECS})
+        );
+        assert_eq!(doc["timeout"], Value::Null);
+        let table = summary_table(&p, &r);
+        assert!(
+            table.contains("timed out: node timeout_secs=30 s fired"),
+            "{table}"
+        );
+        assert!(
+            table.contains("timed out: default node timeout 1800 s fired"),
+            "{table}"
+        );
+        assert!(!table.contains("after 0s"), "{table}");
+        let x = junit(&p, &r);
+        assert!(
+            x.contains("message=\"timed out: node timeout_secs=30 s fired"),
+            "{x}"
+        );
+    }
+
+    #[test]
+    fn a_pipeline_timeout_names_the_pipeline_limit() {
+        let p = plan(TWO);
+        let r = RunResult {
+            nodes: vec![
+                record(Status::Cancelled, "cancelled"),
+                record(Status::Cancelled, "cancelled"),
+            ],
+            output: None,
+            abort: Some(Abort::Timeout),
+            duration: Duration::from_secs(60),
+        };
+        let doc = json_report(&p, &r, 1);
+        let want = json!({"limit": "pipeline timeout_secs", "secs": 60});
+        assert_eq!(doc["timeout"], want);
+        assert_eq!(doc["nodes"][1]["timeout"], want);
+        assert_eq!(doc["status"], "timed_out");
+        let table = summary_table(&p, &r);
+        assert!(
+            table.contains("p: timed_out in 60.0s (pipeline timeout_secs=60 s fired)"),
+            "{table}"
+        );
+        let x = junit(&p, &r);
+        assert!(
+            x.contains("<skipped message=\"cancelled: pipeline timeout_secs=60 s fired\"/>"),
+            "{x}"
+        );
+    }
 }

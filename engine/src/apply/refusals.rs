@@ -1,0 +1,681 @@
+//! Plan-time refusals: every spec field `apply` cannot carry out is refused before the first
+//! VM starts (exit 3), each one named with its field and its line — never silently dropped.
+//! `apply --dry-run` runs the same checks, so it reports exactly the refusals `apply` would
+//! make, with the same exit code.
+//!
+//! [`check_spec`] needs only the spec; [`check_image`] needs the guest image the nodes boot
+//! (the programs on its `PATH` for `cli:` skills, and spec-named snapshots).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::diagnostic::Span;
+use crate::plan::{Action, Plan, PlanNode};
+use crate::spec::model::{Kind, Provider};
+use crate::spec::yaml::{self, Node, NodeKind};
+use crate::validate::skills::{parse_skill, SkillRef};
+
+/// Exit code of a refused spec (an environment limit, not an invalid spec).
+pub const EXIT_REFUSED: u8 = 3;
+
+/// Guest directories the file RPCs can read and write (artifact paths must be inside).
+pub const ARTIFACT_ROOTS: [&str; 2] = ["/workspace", "/home"];
+
+/// One field `apply` cannot carry out, located in the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The field, as a path (`pipeline.boxes[1].sandbox.network`).
+    pub field: String,
+    /// 1-based line of the field.
+    pub line: usize,
+    /// 1-based column of the field.
+    pub column: usize,
+    /// What cannot be done, and why.
+    pub message: String,
+    /// How to proceed.
+    pub help: String,
+}
+
+/// The spec's text parsed with spans, for locating refusals.
+#[derive(Debug)]
+pub struct SpecSource {
+    /// The spec file as given on the command line.
+    pub path: String,
+    text: String,
+    root: Node,
+}
+
+impl SpecSource {
+    /// Parses `text` (already validated); `None` when it no longer parses.
+    pub fn parse(path: impl Into<String>, text: impl Into<String>) -> Option<SpecSource> {
+        let text = text.into();
+        let root = yaml::parse(&text).ok()?;
+        Some(SpecSource {
+            path: path.into(),
+            text,
+            root,
+        })
+    }
+}
+
+/// Checks a node's spec-named `sandbox.snapshot` (`Err(why)` when it cannot serve it).
+pub type SnapshotCheck<'a> = &'a dyn Fn(&PlanNode, &str) -> Result<(), String>;
+
+/// What [`check_image`] knows about the guest image the nodes boot.
+pub struct ImageFacts<'a> {
+    /// Program names on the guest's `PATH`; `None` when the image does not record them.
+    pub path_programs: Option<&'a BTreeSet<String>>,
+    /// Checks spec-named snapshots; `None` when snapshots are off.
+    pub snapshot: Option<SnapshotCheck<'a>>,
+}
+
+/// The located fields of one plan node.
+struct Located<'a> {
+    src: &'a SpecSource,
+    /// The node's own block (a box, a step, `agent`, or the root for `kind: sandbox`).
+    own: Option<(&'a Node, String)>,
+}
+
+impl<'a> Located<'a> {
+    fn of(src: &'a SpecSource, kind: Kind, name: &str) -> Located<'a> {
+        let root = &src.root;
+        let list = |section: &str, key: &str| {
+            let items = match root.get(section).and_then(|s| s.get(key)).map(|n| &n.kind) {
+                Some(NodeKind::Seq(items)) => items.as_slice(),
+                _ => &[],
+            };
+            items
+                .iter()
+                .enumerate()
+                .find(|(_, b)| b.get("name").and_then(Node::as_str) == Some(name))
+                .map(|(i, b)| (b, format!("{section}.{key}[{i}]")))
+        };
+        let own = match kind {
+            Kind::Pipeline => list("pipeline", "boxes"),
+            Kind::Workflow => list("workflow", "steps"),
+            Kind::Agent => root.get("agent").map(|a| (a, "agent".to_string())),
+            Kind::Sandbox => None,
+        };
+        Located { src, own }
+    }
+
+    fn at(&self, field: String, span: Span, message: String, help: &str) -> Refusal {
+        let (line, column) = yaml::line_col(&self.src.text, span.offset);
+        Refusal {
+            field,
+            line,
+            column,
+            message,
+            help: help.to_string(),
+        }
+    }
+
+    /// `key` of the node's own block (`prefix.key`), with its value.
+    fn own_field(&self, key: &str) -> Option<(String, &'a Node, Span)> {
+        let (node, prefix) = self.own.as_ref()?;
+        let (k, v) = node.entry(key)?;
+        Some((format!("{prefix}.{key}"), v, k.span))
+    }
+
+    /// `sandbox.key` of the node's override block, else of the spec.
+    fn sandbox_field(&self, key: &str) -> Option<(String, &'a Node, Span)> {
+        if let Some((node, prefix)) = &self.own {
+            if let Some((k, v)) = node.get("sandbox").and_then(|s| s.entry(key)) {
+                return Some((format!("{prefix}.sandbox.{key}"), v, k.span));
+            }
+        }
+        let (k, v) = self.src.root.get("sandbox")?.entry(key)?;
+        Some((format!("sandbox.{key}"), v, k.span))
+    }
+
+    /// Both `sandbox.key` blocks that are set (the node's and the spec's).
+    fn sandbox_fields(&self, key: &str) -> Vec<(String, &'a Node, Span)> {
+        let mut out = Vec::new();
+        if let Some((node, prefix)) = &self.own {
+            if let Some((k, v)) = node.get("sandbox").and_then(|s| s.entry(key)) {
+                out.push((format!("{prefix}.sandbox.{key}"), v, k.span));
+            }
+        }
+        if let Some((k, v)) = self.src.root.get("sandbox").and_then(|s| s.entry(key)) {
+            out.push((format!("sandbox.{key}"), v, k.span));
+        }
+        out
+    }
+
+    /// The node's `llm.provider`, else the spec's, else where the default applies.
+    fn provider_field(&self) -> (String, Span) {
+        if let Some((node, prefix)) = &self.own {
+            if let Some((k, _)) = node.get("llm").and_then(|l| l.entry("provider")) {
+                return (format!("{prefix}.llm.provider"), k.span);
+            }
+        }
+        if let Some((k, _)) = self.src.root.get("llm").and_then(|l| l.entry("provider")) {
+            return ("llm.provider".into(), k.span);
+        }
+        match &self.own {
+            Some((node, prefix)) => (
+                format!("{prefix}.prompt (default `llm.provider: claude`)"),
+                node.entry("prompt").map_or(node.span, |(k, _)| k.span),
+            ),
+            None => ("llm.provider".into(), self.src.root.span),
+        }
+    }
+
+    /// The node's skills with their field paths and spans.
+    fn skills(&self) -> Vec<(String, &'a Node)> {
+        let Some((node, prefix)) = &self.own else {
+            return Vec::new();
+        };
+        match node.get("skills").map(|s| &s.kind) {
+            Some(NodeKind::Seq(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("{prefix}.skills[{i}]"), s))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+const REMOVE_HELP: &str =
+    "remove it from the spec (`voidbox validate` accepts it so that specs stay portable)";
+
+/// Collects refusals keyed by field, so a spec-level field shared by many nodes is reported
+/// once, naming every node that uses it.
+#[derive(Default)]
+struct Collector {
+    by_field: BTreeMap<(usize, usize, String), (Refusal, Vec<String>)>,
+}
+
+impl Collector {
+    fn add(&mut self, r: Refusal, node: &str) {
+        let key = (r.line, r.column, r.field.clone());
+        let entry = self.by_field.entry(key).or_insert_with(|| (r, Vec::new()));
+        if !entry.1.iter().any(|n| n == node) {
+            entry.1.push(node.to_string());
+        }
+    }
+
+    fn finish(self, plan: &Plan) -> Vec<Refusal> {
+        let many = plan.graph.node_count() > 1;
+        self.by_field
+            .into_values()
+            .map(|(mut r, nodes)| {
+                if many && !r.field.starts_with("pipeline.") && !r.field.starts_with("workflow.") {
+                    let names: Vec<String> = nodes.iter().map(|n| format!("`{n}`")).collect();
+                    let _ = write!(r.message, " (used by {})", names.join(", "));
+                }
+                r
+            })
+            .collect()
+    }
+}
+
+/// Every field of the spec `apply` cannot carry out (independent of the guest image).
+pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
+    let mut c = Collector::default();
+    let root = &src.root;
+    let whole = Located { src, own: None };
+    let first = plan
+        .graph
+        .node_weights()
+        .next()
+        .map(|n| n.name.clone())
+        .unwrap_or_default();
+    let guest_image = root.get("sandbox").and_then(|s| s.entry("guest_image"));
+    if let Some((k, _)) = guest_image.filter(|(_, v)| v.as_str() != Some("")) {
+        c.add(
+            whole.at(
+                "sandbox.guest_image".into(),
+                k.span,
+                "a guest kernel from an OCI `guest_image` cannot be booted yet (only the built-in guest image boots)".into(),
+                REMOVE_HELP,
+            ),
+            &first,
+        );
+    }
+    if let Some((k, v)) = root.entry("observe") {
+        let on = |key: &str| matches!(v.get(key).map(|n| &n.kind), Some(NodeKind::Bool(true)));
+        if on("traces") || on("metrics") || on("logs") || v.get("otlp_endpoint").is_some() {
+            c.add(
+                whole.at(
+                    "observe".into(),
+                    k.span,
+                    "`observe` (traces, metrics, logs, OTLP export) is not provided yet".into(),
+                    REMOVE_HELP,
+                ),
+                &first,
+            );
+        }
+    }
+    for n in plan.graph.node_weights() {
+        let at = Located::of(src, plan.kind, &n.name);
+        sandbox_refusals(&at, n, &mut c);
+        node_refusals(&at, plan.kind, n, &mut c);
+    }
+    c.finish(plan)
+}
+
+fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
+    let sb = &n.sandbox;
+    let mut one = |key: &str, what: &str| {
+        if let Some((field, _, span)) = at.sandbox_field(key) {
+            c.add(at.at(field, span, what.into(), REMOVE_HELP), &n.name);
+        }
+    };
+    if sb.network {
+        one(
+            "network",
+            "`network: true` cannot be provided yet (the VM has no network device)",
+        );
+    }
+    if sb.image.is_some() {
+        one(
+            "image",
+            "an OCI root filesystem `image` cannot be provided yet",
+        );
+    }
+    if sb.kernel.is_some() {
+        one(
+            "kernel",
+            "a custom `kernel` cannot be booted yet (only the built-in guest image boots)",
+        );
+    }
+    if sb.initramfs.is_some() {
+        one(
+            "initramfs",
+            "a custom `initramfs` cannot be booted yet (only the built-in guest image boots)",
+        );
+    }
+    if !sb.mounts.is_empty() {
+        for (field, v, span) in at.sandbox_fields("mounts") {
+            if matches!(&v.kind, NodeKind::Seq(items) if !items.is_empty()) {
+                c.add(
+                    at.at(
+                        field,
+                        span,
+                        "`mounts` cannot be provided yet (host directories are not shared into the VM)".into(),
+                        REMOVE_HELP,
+                    ),
+                    &n.name,
+                );
+            }
+        }
+    }
+}
+
+fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) {
+    if kind == Kind::Workflow {
+        if let Some((field, v, span)) = at.own_field("mode") {
+            if v.as_str() == Some("service") {
+                c.add(
+                    at.at(
+                        field,
+                        span,
+                        "`mode: service` (a long-running step) is not supported by `apply` yet"
+                            .into(),
+                        "remove `mode:` to run the step to completion",
+                    ),
+                    &n.name,
+                );
+            }
+        }
+    }
+    if kind == Kind::Pipeline {
+        for key in ["outputs", "inputs"] {
+            if let Some((field, v, _)) = at.own_field(key) {
+                if let NodeKind::Seq(items) = &v.kind {
+                    for (i, item) in items.iter().enumerate() {
+                        let Some(g) = item.get("guest") else { continue };
+                        let Some(path) = g.as_str() else { continue };
+                        if !artifact_path_ok(path) {
+                            c.add(
+                                at.at(
+                                    format!("{field}[{i}].guest"),
+                                    g.span,
+                                    format!("artifact directory `{path}` is outside {} (the only guest directories files can be copied from and to)", ARTIFACT_ROOTS.join(" and ")),
+                                    "use a directory under /workspace, for example `/workspace/output`",
+                                ),
+                                &n.name,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let Action::Agent(a) = &n.action else {
+        return;
+    };
+    if kind == Kind::Agent {
+        if let Some((field, v, span)) = at.own_field("mode") {
+            if let Some(mode @ ("service" | "interactive")) = v.as_str() {
+                c.add(
+                    at.at(
+                        field,
+                        span,
+                        format!(
+                            "`mode: {mode}` is not supported by `apply` yet (only `task` runs)"
+                        ),
+                        "remove `mode:` to run the agent as a task",
+                    ),
+                    &n.name,
+                );
+            }
+        }
+        if let Some((field, v, span)) = at.own_field("messaging") {
+            if matches!(
+                v.get("enabled").map(|e| &e.kind),
+                Some(NodeKind::Bool(true))
+            ) {
+                c.add(
+                    at.at(
+                        field,
+                        span,
+                        "agent `messaging` is not provided yet".into(),
+                        REMOVE_HELP,
+                    ),
+                    &n.name,
+                );
+            }
+        }
+    }
+    if a.llm.provider != Provider::Mock {
+        let (field, span) = at.provider_field();
+        c.add(
+            at.at(
+                field,
+                span,
+                format!(
+                    "`llm.provider: {}` cannot run here: its CLI is not in the guest image of this installation",
+                    a.llm.provider.as_str()
+                ),
+                "only `provider: mock` (an offline stand-in) can run here for now; it is never substituted",
+            ),
+            &n.name,
+        );
+    }
+    if a.llm.credential_proxy {
+        let own = at.own.as_ref().and_then(|(node, prefix)| {
+            let (k, _) = node.get("llm")?.entry("credential_proxy")?;
+            Some((format!("{prefix}.llm.credential_proxy"), k.span))
+        });
+        let spec = || {
+            let (k, _) = at.src.root.get("llm")?.entry("credential_proxy")?;
+            Some(("llm.credential_proxy".to_string(), k.span))
+        };
+        if let Some((field, span)) = own.or_else(spec) {
+            c.add(
+                at.at(
+                    field,
+                    span,
+                    "`llm.credential_proxy: true` (host-side API key injection) cannot run here: no agent runtime in the guest image of this installation uses it yet".into(),
+                    "remove `credential_proxy` until real agent runtimes land (`provider: mock` needs no key)",
+                ),
+                &n.name,
+            );
+        }
+    }
+    for (field, s) in at.skills() {
+        let refuse = match &s.kind {
+            NodeKind::Str(text) => match parse_skill(text) {
+                Ok(SkillRef::Remote(_)) => Some("`remote:` skills cannot be fetched yet"),
+                Ok(SkillRef::Mcp(_)) => Some("`mcp:` skills (MCP servers) are not provided yet"),
+                Ok(SkillRef::Agent(name)) if runtime_of(name).is_none() => {
+                    Some("this `agent:` runtime is unknown (known: `claude-code`, `codex`)")
+                }
+                _ => None,
+            },
+            NodeKind::Map(_) if s.get("image").is_some() => {
+                Some("OCI image skills cannot be mounted yet")
+            }
+            NodeKind::Map(_) if s.get("mcp").is_some() => {
+                Some("MCP server skills are not provided yet")
+            }
+            _ => None,
+        };
+        if let Some(why) = refuse {
+            c.add(at.at(field, s.span, why.into(), REMOVE_HELP), &n.name);
+        }
+    }
+}
+
+/// The providers an `agent:NAME` runtime works with; `None` for an unknown runtime.
+pub fn runtime_of(name: &str) -> Option<&'static [Provider]> {
+    match name {
+        "claude-code" | "claude" => Some(&[
+            Provider::Claude,
+            Provider::ClaudePersonal,
+            Provider::Ollama,
+            Provider::Custom,
+        ]),
+        "codex" => Some(&[Provider::Codex]),
+        _ => None,
+    }
+}
+
+/// Whether `path` is an absolute guest path under [`ARTIFACT_ROOTS`] without `..`.
+pub fn artifact_path_ok(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.split('/').any(|c| c == "..")
+        && !path.contains('\0')
+        && ARTIFACT_ROOTS.iter().any(|r| {
+            path.strip_prefix(r)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
+}
+
+/// The fields that depend on the guest image: `cli:` skills whose program is not on the
+/// image's `PATH`, and spec-named snapshots that cannot restore their node.
+pub fn check_image(plan: &Plan, src: &SpecSource, facts: &ImageFacts<'_>) -> Vec<Refusal> {
+    let mut c = Collector::default();
+    for n in plan.graph.node_weights() {
+        let at = Located::of(src, plan.kind, &n.name);
+        if let (Action::Agent(_), Some(programs)) = (&n.action, facts.path_programs) {
+            for (field, s) in at.skills() {
+                if let Some(Ok(SkillRef::Cli(tool))) = s.as_str().map(parse_skill) {
+                    if !programs.contains(tool) {
+                        c.add(
+                            at.at(
+                                field,
+                                s.span,
+                                format!("`cli:{tool}`: `{tool}` is not on the guest image's PATH"),
+                                "remove the skill, or use a program the image ships (`voidbox image ls` shows the image)",
+                            ),
+                            &n.name,
+                        );
+                    }
+                }
+            }
+        }
+        if let (Some(check), Some(named)) = (facts.snapshot, n.sandbox.snapshot.as_deref()) {
+            if let Err(why) = check(n, named) {
+                if let Some((field, _, span)) = at.sandbox_field("snapshot") {
+                    let (msg, help) = match why.split_once("\n  help: ") {
+                        Some((m, h)) => (m.to_string(), h.to_string()),
+                        None => (why.clone(), "remove `snapshot:`, or create a matching snapshot with `voidbox snapshot create`".into()),
+                    };
+                    c.add(at.at(field, span, msg, &help), &n.name);
+                }
+            }
+        }
+    }
+    c.finish(plan)
+}
+
+/// An interactive sandbox (no `run:`) has nothing for `apply` to execute (exit 2).
+pub fn nothing_to_run(plan: &Plan) -> Option<String> {
+    plan.graph
+        .node_weights()
+        .find(|n| matches!(n.action, Action::Shell))
+        .map(|n| format!(
+            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:` (an interactive `voidbox shell` is not available yet)",
+            n.name
+        ))
+}
+
+/// Renders refusals for stderr: one `error: FILE:LINE:COL: FIELD: message` block each, then a
+/// summary line.
+pub fn render(src: &SpecSource, refusals: &[Refusal]) -> String {
+    let mut s = String::new();
+    for r in refusals {
+        let _ = writeln!(
+            s,
+            "error: {}:{}:{}: `{}`: {}\n  help: {}",
+            src.path, r.line, r.column, r.field, r.message, r.help
+        );
+    }
+    let n = refusals.len();
+    let _ = writeln!(
+        s,
+        "error: `apply` refuses {} (field{} above); nothing was started",
+        src.path,
+        if n == 1 { "" } else { "s" }
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::validate_source;
+    use std::path::Path;
+
+    fn refusals(text: &str) -> Vec<Refusal> {
+        let v = validate_source("t.yaml", text.to_string(), Path::new("/"));
+        let spec = v
+            .spec
+            .unwrap_or_else(|| panic!("invalid: {:?}", v.report.diagnostics));
+        let plan = Plan::compile(&spec, Path::new("/")).expect("plan");
+        let src = SpecSource::parse("t.yaml", text).expect("parse");
+        check_spec(&plan, &src)
+    }
+
+    fn sandbox(sb: &str) -> Vec<Refusal> {
+        refusals(&format!(
+            "kind: sandbox\nname: s\nsandbox: {sb}\nrun: {{program: echo}}\n"
+        ))
+    }
+
+    #[test]
+    fn refuses_sandbox_features_with_field_and_line() {
+        assert!(sandbox("{memory_mb: 128}").is_empty());
+        assert!(sandbox("{snapshot: abc, network: false}").is_empty());
+        let r = sandbox("{network: true}");
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].field.as_str(), r[0].line), ("sandbox.network", 3));
+        assert!(r[0].message.contains("network"), "{r:?}");
+        assert_eq!(
+            sandbox("{mounts: [{host: /, guest: /mnt}]}")[0].field,
+            "sandbox.mounts"
+        );
+        assert_eq!(sandbox("{image: 'alpine:3.20'}")[0].field, "sandbox.image");
+        assert_eq!(
+            sandbox("{guest_image: 'x:1'}")[0].field,
+            "sandbox.guest_image"
+        );
+        // Every refusal at once, in source order.
+        let all: Vec<String> = sandbox("{network: true, image: a, guest_image: b}")
+            .into_iter()
+            .map(|r| r.field)
+            .collect();
+        assert_eq!(
+            all,
+            ["sandbox.network", "sandbox.image", "sandbox.guest_image"]
+        );
+    }
+
+    #[test]
+    fn a_box_override_is_located_in_the_box_and_shared_fields_once() {
+        let text = "kind: pipeline\nname: p\nsandbox: {network: true}\npipeline:\n  boxes:\n    - {name: a, run: {program: echo}}\n    - {name: b, run: {program: echo}}\n    - name: c\n      run: {program: echo}\n      sandbox: {network: false, image: x}\n";
+        let r = refusals(text);
+        let fields: Vec<(&str, usize)> = r.iter().map(|r| (r.field.as_str(), r.line)).collect();
+        assert_eq!(
+            fields,
+            [
+                ("sandbox.network", 3),
+                ("pipeline.boxes[2].sandbox.image", 10)
+            ]
+        );
+        assert!(
+            r[0].message.contains("(used by `a`, `b`)"),
+            "{}",
+            r[0].message
+        );
+    }
+
+    #[test]
+    fn refuses_agent_fields_and_providers() {
+        let text = "kind: agent\nname: a\nllm: {provider: claude}\nobserve: {traces: true}\nagent:\n  prompt: hi\n  mode: interactive\n  messaging: {enabled: true}\n  skills: [\"mcp:github\", \"remote:a/b\", \"agent:claude-code\", {image: 'x:1', mount: /s}]\n";
+        let fields: Vec<(String, usize)> = refusals(text)
+            .into_iter()
+            .map(|r| (r.field, r.line))
+            .collect();
+        let want = [
+            ("llm.provider", 3),
+            ("observe", 4),
+            ("agent.mode", 7),
+            ("agent.messaging", 8),
+            ("agent.skills[0]", 9),
+            ("agent.skills[1]", 9),
+            ("agent.skills[3]", 9),
+        ];
+        let want: Vec<(String, usize)> = want.iter().map(|(f, l)| (f.to_string(), *l)).collect();
+        assert_eq!(fields, want);
+        // mock with file/inline skills runs; observe without exports is harmless.
+        let ok = "kind: agent\nname: a\nllm: {provider: mock}\nobserve: {service_name: x}\nagent: {prompt: hi, messaging: {enabled: false}}\n";
+        assert!(refusals(ok).is_empty());
+        // No llm at all: the default provider is located at the prompt.
+        let r = refusals("kind: agent\nname: a\nagent: {prompt: hi}\n");
+        assert!(r[0].field.contains("agent.prompt"), "{r:?}");
+    }
+
+    #[test]
+    fn refuses_credential_proxy_where_it_is_set() {
+        let text = "kind: agent\nname: a\nllm: {provider: mock, credential_proxy: true}\nagent: {prompt: hi}\n";
+        let r = refusals(text);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(
+            (r[0].field.as_str(), r[0].line),
+            ("llm.credential_proxy", 3)
+        );
+        let text = "kind: pipeline\nname: p\nllm: {provider: mock}\npipeline:\n  boxes:\n    - name: a\n      prompt: hi\n      llm: {provider: mock, credential_proxy: true}\n";
+        let r = refusals(text);
+        assert_eq!(r[0].field, "pipeline.boxes[0].llm.credential_proxy");
+        let off = "kind: agent\nname: a\nllm: {provider: mock, credential_proxy: false}\nagent: {prompt: hi}\n";
+        assert!(refusals(off).is_empty());
+    }
+
+    #[test]
+    fn artifact_paths_must_be_reachable() {
+        assert!(artifact_path_ok("/workspace/output"));
+        assert!(artifact_path_ok("/home/sandbox/x"));
+        assert!(!artifact_path_ok("/tmp/out"));
+        assert!(!artifact_path_ok("/workspacex"));
+        assert!(!artifact_path_ok("/workspace/../etc"));
+        let text = "kind: pipeline\nname: p\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      outputs: [{name: o, guest: /tmp/o}]\n";
+        let r = refusals(text);
+        assert_eq!(r[0].field, "pipeline.boxes[0].outputs[0].guest");
+        assert_eq!(r[0].line, 7);
+    }
+
+    #[test]
+    fn image_facts_refuse_missing_tools_and_snapshots() {
+        let text = "kind: agent\nname: a\nllm: {provider: mock}\nsandbox: {snapshot: abc}\nagent: {prompt: hi, skills: [\"cli:sh\", \"cli:jq\"]}\n";
+        let v = validate_source("t.yaml", text.to_string(), Path::new("/"));
+        let plan = Plan::compile(&v.spec.expect("valid"), Path::new("/")).expect("plan");
+        let src = SpecSource::parse("t.yaml", text).expect("parse");
+        let programs: BTreeSet<String> = ["sh".to_string()].into();
+        let snap = |_: &PlanNode, v: &str| Err(format!("sandbox.snapshot `{v}`: not found"));
+        let facts = ImageFacts {
+            path_programs: Some(&programs),
+            snapshot: Some(&snap),
+        };
+        let r = check_image(&plan, &src, &facts);
+        let fields: Vec<&str> = r.iter().map(|r| r.field.as_str()).collect();
+        assert_eq!(fields, ["sandbox.snapshot", "agent.skills[1]"]);
+        let text = render(&src, &r);
+        assert!(text.contains("error: t.yaml:5:"), "{text}");
+        assert!(text.contains("nothing was started"), "{text}");
+    }
+}
