@@ -661,7 +661,9 @@ mod tests {
 
     #[test]
     fn image_facts_refuse_missing_tools_and_snapshots() {
-        let text = "kind: agent\nname: a\nllm: {provider: mock}\nsandbox: {snapshot: abc}\nagent: {prompt: hi, skills: [\"cli:sh\", \"cli:jq\"]}\n";
+        // `awk` is in every guest image, so `validate` accepts it whether or not an image is
+        // cached here; the facts below say the image lacks it.
+        let text = "kind: agent\nname: a\nllm: {provider: mock}\nsandbox: {snapshot: abc}\nagent: {prompt: hi, skills: [\"cli:sh\", \"cli:awk\"]}\n";
         let v = validate_source("t.yaml", text.to_string(), Path::new("/"));
         let plan = Plan::compile(&v.spec.expect("valid"), Path::new("/")).expect("plan");
         let src = SpecSource::parse("t.yaml", text).expect("parse");
