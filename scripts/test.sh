@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything the test suite needs on a fresh machine, then runs it:
-#   1. system packages for the tests (Graphviz renders the DOT output),
+#   1. system packages for the tests (Graphviz, gcc + libc6-dev),
 #   2. a release build of `voidbox`,
 #   3. the guest image (kernel + initramfs; built from Debian packages on first use and
 #      cached under ~/.cache/voidbox/images — the first build takes several minutes),
@@ -22,7 +22,9 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
-apt_install graphviz
+# graphviz renders the DOT output; gcc + libc6-dev build the static guest-side checker of
+# tests/tests/vm_xstate.rs.
+apt_install graphviz gcc libc6-dev
 
 echo "==> building voidbox"
 cargo build --release -p voidbox

@@ -97,24 +97,9 @@ pub fn collect_outputs(
 
 /// The host directory of output `name` in the run directory `run_dir`.
 pub fn store_dir(run_dir: &Path, name: &str) -> PathBuf {
-    run_dir.join("artifacts").join(encode_name(name))
-}
-
-/// `name` as one safe file name: ASCII letters, digits, `-`, `_` and (not leading) `.` are
-/// kept, every other byte is `%XX`. Distinct names stay distinct.
-pub fn encode_name(name: &str) -> String {
-    let mut s = String::with_capacity(name.len());
-    for (i, b) in name.bytes().enumerate() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
-            s.push(char::from(b));
-        } else {
-            s.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if s.is_empty() {
-        s.push_str("%00");
-    }
-    s
+    run_dir
+        .join("artifacts")
+        .join(crate::names::file_component(name))
 }
 
 /// Whether a guest-provided entry name is one plain path component.
@@ -423,10 +408,11 @@ mod tests {
 
     #[test]
     fn names_are_encoded() {
-        assert_eq!(encode_name("reports"), "reports");
-        assert_eq!(encode_name("../x"), "%2E.%2Fx");
-        assert_eq!(encode_name("a/b"), "a%2Fb");
-        assert_eq!(encode_name(".hidden"), "%2Ehidden");
-        assert_eq!(encode_name(""), "%00");
+        let dir = |n: &str| store_dir(Path::new("/run"), n);
+        assert_eq!(dir("reports"), Path::new("/run/artifacts/reports"));
+        for hostile in ["../x", "a/b", "..", ".", ""] {
+            let d = dir(hostile);
+            assert_eq!(d.parent(), Some(Path::new("/run/artifacts")), "{hostile:?}");
+        }
     }
 }
