@@ -66,19 +66,13 @@ pub fn run_policy(program: &str, timeout_secs: Option<u64>) -> GuestPolicy {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
 
     use super::*;
     use crate::apply::agent::MOCK_RUNTIME;
     use crate::plan::Plan;
-    use crate::validate::validate_source;
 
     fn plan(src: &str) -> Plan {
-        let v = validate_source("t.yaml", src.to_string(), Path::new("."));
-        let spec = v
-            .spec
-            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
-        Plan::compile(&spec, Path::new("/specs")).expect("compiles")
+        crate::plan::compile_for_test(src)
     }
 
     fn node<'a>(p: &'a Plan, name: &str) -> &'a PlanNode {

@@ -1,7 +1,6 @@
 //! Scheduler tests with a fake executor (no VMs): ordering, merging, cancellation, retries,
 //! timeouts, budgets; and report rendering.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,14 +14,9 @@ use super::scheduler::{
 };
 use super::*;
 use crate::plan::{Action, Plan};
-use crate::validate::validate_source;
 
 fn plan(src: &str) -> Plan {
-    let v = validate_source("t.yaml", src.to_string(), Path::new("."));
-    let spec = v
-        .spec
-        .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
-    Plan::compile(&spec, Path::new("/specs")).expect("compiles")
+    crate::plan::compile_for_test(src)
 }
 
 /// Programs: `echo TEXT` outputs TEXT; `cat` outputs its stdin; `sleep MS` sleeps (until

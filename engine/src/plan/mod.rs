@@ -577,6 +577,17 @@ impl NodeSandbox {
     }
 }
 
+/// Test helper: validates the spec text `src` and compiles it (host paths against `/specs`),
+/// panicking with the diagnostics when it is invalid.
+#[cfg(test)]
+pub(crate) fn compile_for_test(src: &str) -> Plan {
+    let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));
+    let spec = v
+        .spec
+        .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
+    Plan::compile(&spec, Path::new("/specs")).expect("compiles")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

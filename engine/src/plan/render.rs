@@ -348,15 +348,9 @@ fn mermaid(plan: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::validate_source;
-    use std::path::Path;
 
     fn plan(src: &str) -> Plan {
-        let v = validate_source("t.yaml", src.to_string(), Path::new("."));
-        let spec = v
-            .spec
-            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
-        Plan::compile(&spec, Path::new("/specs")).expect("compiles")
+        crate::plan::compile_for_test(src)
     }
 
     const PIPE: &str = "api_version: v1\nkind: pipeline\nname: p\nsandbox: {memory_mb: 128}\npipeline:\n  boxes:\n    - {name: seed, run: {program: echo, args: ['[1]']}}\n    - {name: a, run: {program: cat}}\n    - {name: b, run: {program: wc, args: [-c]}, timeout_secs: 5, retries: 1}\n    - {name: collect, run: {program: cat}}\n  stages:\n    - {type: box, name: seed}\n    - {type: fan_out, boxes: [a, b]}\n    - {type: box, name: collect}\n";
