@@ -74,11 +74,12 @@ pub struct SandboxConfig {
 }
 
 impl SandboxConfig {
-    /// Defaults for `image`: 256 MiB, 1 vCPU, 60 s boot deadline, 2 s stop grace.
+    /// Defaults for `image`: [`crate::limits::DEFAULT_RUN_MEMORY_MB`] (256 MiB, as `voidbox
+    /// run` and `voidbox snapshot create`), 1 vCPU, 300 s boot deadline, 2 s stop grace.
     pub fn new(image: GuestImage) -> SandboxConfig {
         SandboxConfig {
             image,
-            memory_mb: 256,
+            memory_mb: crate::limits::DEFAULT_RUN_MEMORY_MB,
             vcpus: 1,
             launcher: VmmLauncher::default(),
             boot_timeout: Duration::from_secs(300),
