@@ -56,22 +56,31 @@ pub fn kernel_inputs(profile: Profile, tc: &deps::Toolchain) -> KernelInputs {
         ),
         compiler: tc.gcc.clone(),
         kcflags: profile.kcflags().map(str::to_string),
-        fragments: profile
-            .fragments()
-            .into_iter()
-            .map(|(n, t)| NamedHash {
-                name: n.to_string(),
-                sha256: sha256_hex(t.as_bytes()),
-            })
-            .collect(),
-        patches: recipe::PATCHES
-            .iter()
-            .map(|(n, t)| NamedHash {
-                name: n.to_string(),
-                sha256: sha256_hex(t.as_bytes()),
-            })
-            .collect(),
+        fragments: named_hashes(profile.fragments()),
+        patches: named_hashes(recipe::PATCHES.iter().copied()),
     }
+}
+
+fn named_hashes<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<NamedHash> {
+    items
+        .into_iter()
+        .map(|(n, t)| NamedHash {
+            name: n.to_string(),
+            sha256: sha256_hex(t.as_bytes()),
+        })
+        .collect()
+}
+
+/// Whether kernel inputs recorded in a manifest come from this build's recipe: the same
+/// builder version, config fragments, patches and `KCFLAGS` for their profile. (The Debian
+/// source version and compiler are not compared: that needs the toolchain, and a cached
+/// kernel built by another toolchain from the same recipe is the same kernel.) An image
+/// from an older recipe — say, without a later compat patch — must not be used silently.
+pub fn recipe_matches(k: &KernelInputs) -> bool {
+    k.builder_version == recipe::BUILDER_VERSION
+        && k.kcflags.as_deref() == k.profile.kcflags()
+        && k.fragments == named_hashes(k.profile.fragments())
+        && k.patches == named_hashes(recipe::PATCHES.iter().copied())
 }
 
 /// Builds (or finds) the image for `req` in `cache`.
@@ -351,4 +360,47 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<(), ImageError> {
 /// Resolves the guest agent for a build (see [`agent::resolve`]).
 pub fn resolve_agent(explicit: Option<&Path>, p: &Progress) -> Result<PathBuf, ImageError> {
     agent::resolve(explicit, &mut |l| p.detail(l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current(profile: Profile) -> KernelInputs {
+        let tc = deps::Toolchain {
+            kernel_source_version: "6.1.192-2".into(),
+            gcc: "gcc (Debian 12.2.0-14) 12.2.0".into(),
+            busybox_version: "1:1.35.0".into(),
+            strip: "strip 2.40".into(),
+            source_tarball: "/usr/src/linux-source-6.1.tar.xz".into(),
+            busybox: "/bin/busybox".into(),
+        };
+        kernel_inputs(profile, &tc)
+    }
+
+    #[test]
+    fn only_images_from_this_recipe_are_used() {
+        for profile in [Profile::Plain, Profile::Compat] {
+            let mut k = current(profile);
+            assert!(recipe_matches(&k), "{profile:?}");
+            // Another toolchain, same recipe: the same kernel.
+            k.compiler = "gcc 13".into();
+            k.source_package = "linux-source-6.1 6.1.200-1".into();
+            assert!(recipe_matches(&k));
+            // An image built before the last patch existed.
+            let mut old = current(profile);
+            old.patches.pop();
+            assert!(!recipe_matches(&old));
+            // A patch whose text changed.
+            let mut changed = current(profile);
+            changed.patches[0].sha256 = sha256_hex(b"older text");
+            assert!(!recipe_matches(&changed));
+            let mut frag = current(profile);
+            frag.fragments[0].sha256 = sha256_hex(b"CONFIG_OLD=y");
+            assert!(!recipe_matches(&frag));
+            let mut builder = current(profile);
+            builder.builder_version += 1;
+            assert!(!recipe_matches(&builder));
+        }
+    }
 }

@@ -22,14 +22,20 @@ pub struct GuestImage {
 }
 
 impl GuestImage {
-    /// The newest cached image of the profile this host needs, without building anything.
+    /// The newest cached image of the profile this host needs that was built from this
+    /// build's recipe (kernel patches, config fragments: an image from an older recipe is
+    /// never used silently — [`GuestImage::ensure`] then builds the current one), without
+    /// building anything.
     pub fn cached() -> Result<Option<GuestImage>, SandboxError> {
         let profile = image::resolve_profile(image::ProfileChoice::Auto).map_err(env)?;
         let cache = Cache::open(None).map_err(env)?;
         let (images, _broken) = cache.list().map_err(env)?;
         Ok(images
             .into_iter()
-            .find(|i| i.manifest.profile == profile)
+            .find(|i| {
+                i.manifest.profile == profile
+                    && image::build::recipe_matches(&i.manifest.kernel_inputs)
+            })
             .map(|i| GuestImage {
                 hash: i
                     .dir
