@@ -12,11 +12,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{env_usize, host_description, ms};
+use common::{env_usize, host_description, ms, private_golden, self_vmm_config};
 
 use voidbox::image::ProgressMode;
 use voidbox::sandbox::{vmm_process, GuestImage, Sandbox, SandboxConfig, VMM_SUBCOMMAND};
-use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
 use voidbox_protocol::{ExecRequest, OutputStream};
 
 const MEMORY_MB: u32 = 128;
@@ -72,29 +71,11 @@ fn main() {
     let restores = env_usize("VOIDBOX_BENCH_RESTORES", 10).max(1);
     let concurrent = env_usize("VOIDBOX_BENCH_CONCURRENT", 4).max(1);
     let image = GuestImage::ensure(ProgressMode::Plain).unwrap_or_else(|e| panic!("{e}"));
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
-    let launcher = voidbox::sandbox::VmmLauncher::Program {
-        path: exe,
-        args: vec![VMM_SUBCOMMAND.into()],
-    };
-    let mut cfg = SandboxConfig::new(image.clone());
-    cfg.memory_mb = MEMORY_MB;
-    cfg.boot_timeout = Duration::from_secs(300);
-    cfg.launcher = launcher.clone();
+    let cfg = self_vmm_config(image.clone(), MEMORY_MB, Duration::from_secs(300));
 
     // Golden snapshot creation (one cold boot + the snapshot) in a private cache.
-    let cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = Store::open(Some(cache.path())).unwrap_or_else(|e| panic!("{e}"));
-    let opts = CreateOptions {
-        launcher,
-        boot_timeout: cfg.boot_timeout,
-        runtime_dir: None,
-    };
     let t = Instant::now();
-    let lease = ensure_golden(&store, &GoldenSpec::of(&cfg), &opts, u64::MAX, &|m| {
-        eprintln!("{m}")
-    })
-    .unwrap_or_else(|e| panic!("golden snapshot: {e}"));
+    let (_cache, lease) = private_golden(&cfg);
     let create_total = t.elapsed();
     let meta = lease.entry.meta.clone();
     let disk = lease.entry.disk_bytes;

@@ -9,17 +9,14 @@
 //! image; the golden snapshot is created in a private cache in this run. This binary doubles
 //! as its own VMM (`stress __vmm …`). Exits 1 if any process crashed or answered wrongly.
 
-// Shared with the other VM benches; not every helper is used by each.
-#[allow(dead_code)]
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{env_usize, host_description};
+use common::{env_usize, host_description, private_golden, self_vmm_config};
 
 use voidbox::image::ProgressMode;
 use voidbox::sandbox::{vmm_process, GuestImage, Sandbox, SandboxConfig, VMM_SUBCOMMAND};
-use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
 use voidbox_protocol::{ExecRequest, OutputStream};
 
 const MEMORY_MB: u32 = 128;
@@ -132,26 +129,8 @@ fn main() {
     let vms = env_usize("VOIDBOX_STRESS_VMS", 4).max(1);
     let execs = env_usize("VOIDBOX_STRESS_EXECS", 10).max(1);
     let image = GuestImage::ensure(ProgressMode::Plain).unwrap_or_else(|e| panic!("{e}"));
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
-    let launcher = voidbox::sandbox::VmmLauncher::Program {
-        path: exe,
-        args: vec![VMM_SUBCOMMAND.into()],
-    };
-    let mut cold = SandboxConfig::new(image.clone());
-    cold.memory_mb = MEMORY_MB;
-    cold.boot_timeout = Duration::from_secs(600);
-    cold.launcher = launcher.clone();
-    let cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = Store::open(Some(cache.path())).unwrap_or_else(|e| panic!("{e}"));
-    let opts = CreateOptions {
-        launcher,
-        boot_timeout: cold.boot_timeout,
-        runtime_dir: None,
-    };
-    let lease = ensure_golden(&store, &GoldenSpec::of(&cold), &opts, u64::MAX, &|m| {
-        eprintln!("{m}")
-    })
-    .unwrap_or_else(|e| panic!("golden snapshot: {e}"));
+    let cold = self_vmm_config(image.clone(), MEMORY_MB, Duration::from_secs(600));
+    let (_cache, lease) = private_golden(&cold);
     let mut restored = cold.clone();
     restored.restore = Some(lease.restore.clone());
     // 64 KiB of text: big enough that piping it overlaps the child's start.

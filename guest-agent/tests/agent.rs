@@ -121,17 +121,7 @@ fn rlimits_and_identity_visible_to_child() {
     let out = r.out();
     assert_eq!(r.resp().exit_code, Some(0), "{out}");
     assert!(out.starts_with("77\n"), "{out}");
-    let limit = |name: &str| {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{name} in {out}"));
-        line[name.len()..]
-            .split_whitespace()
-            .take(2)
-            .map(String::from)
-            .collect::<Vec<_>>()
-    };
+    let limit = |name: &str| limit_of(&out, name);
     assert_eq!(limit("Max open files"), ["77", "77"]);
     assert_eq!(limit("Max processes"), ["333", "333"]);
     assert_eq!(limit("Max file size"), ["1048576", "1048576"]);

@@ -18,18 +18,6 @@ fn engine_policy(allow: &[&str], limits: ResourceLimits) -> GuestPolicy {
     }
 }
 
-fn limit_of(out: &str, name: &str) -> Vec<String> {
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(name))
-        .unwrap_or_else(|| panic!("{name} in {out}"));
-    line[name.len()..]
-        .split_whitespace()
-        .take(2)
-        .map(String::from)
-        .collect()
-}
-
 #[test]
 fn handshake_policy_refuses_other_programs_with_126_and_applies_rlimits() {
     // No boot policy, as in a VM: everything comes from the handshake.

@@ -21,9 +21,9 @@
 //! state KVM refuses only fails that one request — the guest can only ever change its own
 //! registers.
 
-use kvm_bindings::kvm_xsave;
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::memory::GuestMem;
 use crate::persist::vcpu::VcpuCaps;
@@ -62,22 +62,6 @@ pub enum XstateError {
     Kvm(String),
 }
 
-fn area_bytes(x: &kvm_xsave) -> [u8; AREA] {
-    let mut out = [0u8; AREA];
-    for (i, w) in x.region.iter().enumerate() {
-        out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
-    }
-    out
-}
-
-fn set_area_bytes(x: &mut kvm_xsave, bytes: &[u8; AREA]) {
-    for (i, w) in x.region.iter_mut().enumerate() {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(&bytes[i * 4..i * 4 + 4]);
-        *w = u32::from_le_bytes(b);
-    }
-}
-
 fn xstate_bv(area: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&area[HEADER..HEADER + 8]);
@@ -85,24 +69,15 @@ fn xstate_bv(area: &[u8]) -> u64 {
 }
 
 /// The state to load: `current`'s legacy area and legacy XSTATE_BV bits, the extended
-/// components `saved` holds (only those `current` may have: `allowed` bits), and a clean
-/// header (standard format, reserved bytes zero). A component whose bit is clear in `saved`
-/// is loaded in its initial state.
-pub fn merge(current: &[u8; AREA], saved: &[u8], allowed: u64) -> [u8; AREA] {
+/// components `saved` holds (only [`EXTENDED_BITS`]), and a clean header (standard format,
+/// reserved bytes zero). A component whose bit is clear in `saved` is loaded in its initial
+/// state.
+pub fn merge(current: &[u8; AREA], saved: &[u8; AREA]) -> [u8; AREA] {
     let mut out = *current;
-    let saved_bv = if saved.len() >= EXTENDED {
-        xstate_bv(saved)
-    } else {
-        0
-    };
-    let bv = (xstate_bv(current) & LEGACY_BITS) | (saved_bv & allowed & !LEGACY_BITS);
+    let bv = (xstate_bv(current) & LEGACY_BITS) | (xstate_bv(saved) & EXTENDED_BITS);
     out[HEADER..EXTENDED].fill(0);
     out[HEADER..HEADER + 8].copy_from_slice(&bv.to_le_bytes());
-    let n = saved.len().min(AREA);
-    if n > EXTENDED {
-        out[EXTENDED..n].copy_from_slice(&saved[EXTENDED..n]);
-    }
-    out[n.max(EXTENDED)..].fill(0);
+    out[EXTENDED..].copy_from_slice(&saved[EXTENDED..]);
     out
 }
 
@@ -120,25 +95,26 @@ pub fn handle(
     if op != OP_SAVE && op != OP_LOAD {
         return Err(XstateError::UnknownOp(op));
     }
-    let start = gpa
-        .checked_add(HEADER as u64)
-        .filter(|_| gpa.checked_add(AREA as u64).is_some())
-        .ok_or(XstateError::BadAddress(gpa))?;
-    let len = AREA - HEADER;
+    // The buffer's header and extended part; vm-memory refuses a range outside guest RAM.
+    let start = GuestAddress(
+        gpa.checked_add(HEADER as u64)
+            .ok_or(XstateError::BadAddress(gpa))?,
+    );
     let mut x = fd
         .get_xsave()
         .map_err(|e| XstateError::Kvm(format!("KVM_GET_XSAVE: {e}")))?;
-    let current = area_bytes(&x);
+    // kvm-bindings derives zerocopy for the KVM structs (as crate::persist::raw relies on).
+    let area: &mut [u8; AREA] = <[u8; AREA]>::mut_from_bytes(x.region.as_mut_bytes())
+        .map_err(|_| XstateError::Kvm("kvm_xsave is not 4 KiB".into()))?;
     if op == OP_SAVE {
-        mem.write_slice(&current[HEADER..], GuestAddress(start))
-            .map_err(|_| XstateError::BadAddress(gpa))?;
-        return Ok(());
+        return mem
+            .write_slice(&area[HEADER..], start)
+            .map_err(|_| XstateError::BadAddress(gpa));
     }
     let mut saved = [0u8; AREA];
-    mem.read_slice(&mut saved[HEADER..HEADER + len], GuestAddress(start))
+    mem.read_slice(&mut saved[HEADER..], start)
         .map_err(|_| XstateError::BadAddress(gpa))?;
-    let merged = merge(&current, &saved, EXTENDED_BITS);
-    set_area_bytes(&mut x, &merged);
+    *area = merge(area, &saved);
     // SAFETY: `x` is a complete 4 KiB kvm_xsave and VcpuCaps::probe checked that
     // KVM_CAP_XSAVE2 needs no more than that, so KVM reads only this struct.
     unsafe { fd.set_xsave(&x) }.map_err(|e| XstateError::Kvm(format!("KVM_SET_XSAVE: {e}")))
@@ -159,7 +135,7 @@ mod tests {
     fn merge_keeps_the_legacy_area_and_takes_extended_components() {
         let current = area(0x3 | 0x4, 0xaa);
         let saved = area(0x1 | 0x4 | 0xe0, 0x55);
-        let m = merge(&current, &saved, !0);
+        let m = merge(&current, &saved);
         assert_eq!(
             &m[..HEADER],
             &current[..HEADER],
@@ -174,8 +150,12 @@ mod tests {
         let current = area(0x7, 0xaa);
         let mut saved = area(!0, 0x55);
         saved[HEADER + 8..EXTENDED].fill(0xff); // xcomp_bv and reserved bytes
-        let m = merge(&current, &saved, 0xe7);
-        assert_eq!(xstate_bv(&m), 0xe7 & !LEGACY_BITS | 0x3);
+        let m = merge(&current, &saved);
+        assert_eq!(
+            xstate_bv(&m),
+            EXTENDED_BITS | 0x3,
+            "only AVX/AVX-512 components taken"
+        );
         assert!(
             m[HEADER + 8..EXTENDED].iter().all(|&b| b == 0),
             "compaction/reserved zeroed"
@@ -185,10 +165,8 @@ mod tests {
     #[test]
     fn a_never_saved_buffer_loads_initial_extended_state() {
         let current = area(0x7, 0xaa);
-        let m = merge(&current, &[0u8; AREA], !0);
+        let m = merge(&current, &[0u8; AREA]);
         assert_eq!(xstate_bv(&m), 0x3, "AVX state back to its initial value");
-        let m = merge(&current, &[0u8; 100], !0);
-        assert_eq!(xstate_bv(&m), 0x3);
         assert!(m[EXTENDED..].iter().all(|&b| b == 0));
     }
 }

@@ -337,3 +337,16 @@ pub fn closed_by_peer(s: &mut UnixStream) -> bool {
         }
     }
 }
+
+/// Soft and hard value of the `/proc/self/limits` row starting with `name` in `out`.
+pub fn limit_of(out: &str, name: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("{name} in {out}"));
+    line[name.len()..]
+        .split_whitespace()
+        .take(2)
+        .map(String::from)
+        .collect()
+}

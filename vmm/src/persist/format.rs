@@ -819,33 +819,25 @@ mod tests {
             Err(SnapshotError::TooLarge { what: "header", .. })
         ));
         // A header that claims a giant state, with a valid header checksum.
-        let data = sample();
-        let hl = header_len(&data);
-        let mut h: SnapshotHeader = serde_json::from_slice(&data[16..16 + hl]).unwrap();
+        let mut h = sample_header();
         h.state_len = u64::MAX;
-        let hb = serde_json::to_vec(&h).unwrap();
-        let mut d = Vec::new();
-        d.extend_from_slice(&MAGIC);
-        d.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        d.extend_from_slice(&(hb.len() as u32).to_le_bytes());
-        d.extend_from_slice(&hb);
-        let dg = Sha256::digest(&d);
-        d.extend_from_slice(&dg);
+        let d = encode_header(&h);
         assert!(matches!(
             decode(&d, None),
             Err(SnapshotError::TooLarge { what: "state", .. })
         ));
     }
 
-    /// A state file whose header was changed by `f`, with valid checksums.
-    fn with_header(f: impl FnOnce(&mut SnapshotHeader)) -> Vec<u8> {
+    /// The header of [`sample`].
+    fn sample_header() -> SnapshotHeader {
         let data = sample();
         let hl = header_len(&data);
-        let mut h: SnapshotHeader = serde_json::from_slice(&data[16..16 + hl]).unwrap();
-        f(&mut h);
-        let state = b"{\"x\":1}";
-        h.state_len = state.len() as u64;
-        let hb = serde_json::to_vec(&h).unwrap();
+        serde_json::from_slice(&data[16..16 + hl]).unwrap()
+    }
+
+    /// Magic, version, `h` and a valid header checksum: a state file up to its state.
+    fn encode_header(h: &SnapshotHeader) -> Vec<u8> {
+        let hb = serde_json::to_vec(h).unwrap();
         let mut d = Vec::new();
         d.extend_from_slice(&MAGIC);
         d.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -853,6 +845,16 @@ mod tests {
         d.extend_from_slice(&hb);
         let dg = Sha256::digest(&d);
         d.extend_from_slice(&dg);
+        d
+    }
+
+    /// A state file whose header was changed by `f`, with valid checksums.
+    fn with_header(f: impl FnOnce(&mut SnapshotHeader)) -> Vec<u8> {
+        let mut h = sample_header();
+        f(&mut h);
+        let state = b"{\"x\":1}";
+        h.state_len = state.len() as u64;
+        let mut d = encode_header(&h);
         d.extend_from_slice(state);
         d
     }
