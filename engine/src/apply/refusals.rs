@@ -119,13 +119,7 @@ impl<'a> Located<'a> {
 
     /// `sandbox.key` of the node's override block, else of the spec.
     fn sandbox_field(&self, key: &str) -> Option<(String, &'a Node, Span)> {
-        if let Some((node, prefix)) = &self.own {
-            if let Some((k, v)) = node.get("sandbox").and_then(|s| s.entry(key)) {
-                return Some((format!("{prefix}.sandbox.{key}"), v, k.span));
-            }
-        }
-        let (k, v) = self.src.root.get("sandbox")?.entry(key)?;
-        Some((format!("sandbox.{key}"), v, k.span))
+        self.sandbox_fields(key).into_iter().next()
     }
 
     /// Both `sandbox.key` blocks that are set (the node's and the spec's).
@@ -421,7 +415,7 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
             NodeKind::Str(text) => match parse_skill(text) {
                 Ok(SkillRef::Remote(_)) => Some("`remote:` skills cannot be fetched yet"),
                 Ok(SkillRef::Mcp(_)) => Some("`mcp:` skills (MCP servers) are not provided yet"),
-                Ok(SkillRef::Agent(name)) if runtime_of(name).is_none() => {
+                Ok(SkillRef::Agent(name)) if !crate::validate::runtimes::is_known(name) => {
                     Some("this `agent:` runtime is unknown (known: `claude-code`, `codex`)")
                 }
                 _ => None,
@@ -437,20 +431,6 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
         if let Some(why) = refuse {
             c.add(at.at(field, s.span, why.into(), REMOVE_HELP), &n.name);
         }
-    }
-}
-
-/// The providers an `agent:NAME` runtime works with; `None` for an unknown runtime.
-pub fn runtime_of(name: &str) -> Option<&'static [Provider]> {
-    match name {
-        "claude-code" | "claude" => Some(&[
-            Provider::Claude,
-            Provider::ClaudePersonal,
-            Provider::Ollama,
-            Provider::Custom,
-        ]),
-        "codex" => Some(&[Provider::Codex]),
-        _ => None,
     }
 }
 

@@ -17,6 +17,11 @@ pub const RUNTIMES: [(&str, &[&str]); 2] = [
     ("codex", &["codex"]),
 ];
 
+/// Whether `agent:NAME` names a runtime in [`RUNTIMES`].
+pub fn is_known(name: &str) -> bool {
+    RUNTIMES.iter().any(|(r, _)| *r == name)
+}
+
 /// The programs on the guest image's `PATH`, asked for only when a `cli:` skill needs them
 /// (`None`: the image is not known).
 pub type Programs<'p> = &'p dyn Fn() -> Option<&'p BTreeSet<String>>;
