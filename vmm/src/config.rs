@@ -17,6 +17,24 @@ pub const MAX_CMDLINE_LEN: usize = 2048;
 pub const MAX_CMDLINE_EXTRA_LEN: usize = 1024;
 /// Longest [`VmConfig::image_hash`].
 pub const MAX_IMAGE_HASH_LEN: usize = 256;
+/// Most virtio-blk disks per VM (`/dev/vda` … `/dev/vdp`).
+pub const MAX_DISKS: usize = 16;
+
+/// One file-backed virtio-blk disk. The guest sees the disks as `/dev/vda`, `/dev/vdb`, …
+/// in the order of [`VmConfig::disks`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    /// Backing file (a raw image; its size must be a multiple of 512 bytes).
+    pub path: PathBuf,
+    /// Offer the disk read-only (`VIRTIO_BLK_F_RO`) and open the file `O_RDONLY`.
+    #[serde(default = "default_true")]
+    pub read_only: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
 
 /// Flags every guest gets.
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
@@ -78,6 +96,10 @@ pub struct VmConfig {
     /// are then not read).
     #[serde(default)]
     pub restore: Option<PathBuf>,
+    /// virtio-blk disks, in guest order (`/dev/vda` first). On restore they must match the
+    /// snapshot's disks in number, size and mode.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskConfig>,
 }
 
 fn default_memory_mb() -> u32 {
@@ -117,6 +139,9 @@ pub enum ConfigError {
     /// `image_hash` too long or not printable ASCII.
     #[error("image_hash must be at most {MAX_IMAGE_HASH_LEN} printable ASCII characters")]
     ImageHash,
+    /// More than [`MAX_DISKS`] disks.
+    #[error("at most {MAX_DISKS} disks per VM, got {0}")]
+    TooManyDisks(usize),
 }
 
 impl VmConfig {
@@ -168,6 +193,12 @@ impl VmConfig {
             .is_some_and(|p| p.as_os_str().is_empty())
         {
             return Err(ConfigError::EmptyPath("restore"));
+        }
+        if self.disks.len() > MAX_DISKS {
+            return Err(ConfigError::TooManyDisks(self.disks.len()));
+        }
+        if self.disks.iter().any(|d| d.path.as_os_str().is_empty()) {
+            return Err(ConfigError::EmptyPath("disks[].path"));
         }
         Ok(())
     }

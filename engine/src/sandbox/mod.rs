@@ -256,6 +256,7 @@ impl Sandbox {
             boot_timeout_ms: Some((cfg.boot_timeout + Duration::from_secs(5)).as_millis() as u64),
             wall_limit_ms: cfg.wall_limit.map(|d| d.as_millis() as u64),
             test_forbidden_syscall: cfg.test_forbidden_syscall,
+            disks: Vec::new(),
         };
         let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
         let t0 = vmm.spawned_at();

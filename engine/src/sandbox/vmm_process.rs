@@ -353,6 +353,7 @@ mod tests {
             image_hash: String::new(),
             snapshot_control: false,
             restore: None,
+            disks: Vec::new(),
         };
         let l = VmmLauncher::Program {
             path: "/nonexistent/voidbox".into(),
