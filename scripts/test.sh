@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the test suite needs on a fresh machine, then runs it:
-#   1. system packages for the tests (Graphviz, gcc + libc6-dev),
+#   1. system packages for the tests (Graphviz, gcc + libc6-dev, erofs-utils, fakeroot, a real
+#      OCI registry and the tools that build its fixture images),
 #   2. a release build of `voidbox`,
-#   3. the guest image (kernel + initramfs; built from Debian packages on first use and
+#   3. the guest image (kernel + read-only system disk; built from Debian packages on first use and
 #      cached under ~/.cache/voidbox/images — the first build takes several minutes),
 #   4. `cargo test --workspace` (host tests, end-to-end CLI tests and real-VM tests).
 # VM tests fail loudly without /dev/kvm unless VOIDBOX_SKIP_VM_TESTS=1.
@@ -23,8 +24,11 @@ apt_install() {
   fi
 }
 # graphviz renders the DOT output; gcc + libc6-dev build the static guest-side checker of
-# tests/tests/vm_xstate.rs.
-apt_install graphviz gcc libc6-dev
+# tests/tests/vm_xstate.rs; erofs-utils + fakeroot make the guest's system disk and the OCI
+# image disks; docker-registry (a real OCI registry), skopeo, umoci, busybox-static and
+# python3 build and serve the OCI fixture images of the registry tests.
+apt_install graphviz gcc libc6-dev erofs-utils fakeroot docker-registry skopeo umoci \
+  busybox-static python3
 
 echo "==> building voidbox"
 cargo build --release -p voidbox

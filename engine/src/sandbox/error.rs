@@ -65,7 +65,18 @@ fn write_tail(f: &mut fmt::Formatter<'_>, tail: &[String]) -> fmt::Result {
     for l in &tail[skip..] {
         write!(f, "\n    {l}")?;
     }
+    if let Some(why) = super::diagnose::diagnose(tail) {
+        write!(f, "\n  likely cause: {why}")?;
+    }
     Ok(())
+}
+
+/// The hint for a guest that printed nothing at all (a non-empty tail carries its own).
+fn silent_hint(tail: &ConsoleTail) -> String {
+    match super::diagnose::diagnose(&tail.0) {
+        Some(why) if tail.0.is_empty() => format!("\n  likely cause: {why}"),
+        _ => String::new(),
+    }
 }
 
 /// Console tail wrapper so `thiserror` messages can quote it.
@@ -89,7 +100,7 @@ pub enum SandboxError {
     #[error("the VM failed to boot: {0}")]
     BootFailed(Box<VmmExit>),
     /// The guest agent did not answer within the boot deadline (the VMM was killed).
-    #[error("the guest agent was not ready within {}s{tail}", after.as_secs_f64())]
+    #[error("the guest agent was not ready within {}s{tail}{}", after.as_secs_f64(), silent_hint(tail))]
     BootTimeout {
         /// The deadline.
         after: Duration,

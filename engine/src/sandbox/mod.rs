@@ -13,6 +13,7 @@
 //! The API is blocking; async callers run it on a blocking thread. The VMM is always
 //! forked from one long-lived thread, so its parent-death signal is tied to this process.
 
+pub mod diagnose;
 pub mod error;
 pub mod guest;
 pub mod image;
