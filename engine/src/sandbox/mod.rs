@@ -14,6 +14,7 @@
 //! forked from one long-lived thread, so its parent-death signal is tied to this process.
 
 pub mod diagnose;
+pub mod disks;
 pub mod error;
 pub mod guest;
 pub mod image;
