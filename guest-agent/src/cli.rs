@@ -155,7 +155,11 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         listen,
         secret,
         policy: Policy::from_spec(&params.policy),
-        exec_env: ExecEnv { creds, base },
+        exec_env: ExecEnv {
+            creds,
+            base,
+            root: Default::default(),
+        },
         is_init: false,
         shutdown_mode: params.shutdown,
         vsock_any_peer: true,
@@ -210,6 +214,7 @@ pub fn guest_config() -> AgentConfig {
         exec_env: ExecEnv {
             creds: Some(SANDBOX),
             base: PathBuf::from("/"),
+            root: Default::default(),
         },
         is_init: true,
         shutdown_mode: params.shutdown,

@@ -20,12 +20,16 @@
 //! | `voidbox.hostname=<name>` | guest hostname (default `voidbox`) |
 //! | `voidbox.shutdown=reboot\|poweroff\|halt` | how Shutdown ends the VM (default `reboot`) |
 //! | `voidbox.debug=1` | verbose logging on the console |
+//! | `voidbox.rootfs=vdX` | the node's OCI image disk: commands run in it ([`crate::disks`]) |
+//! | `voidbox.user=UID:GID` | identity of commands (default 1000:1000; root refused) |
+//! | `voidbox.mount=vdX:/path:ro\|rw` | an OCI skill disk mounted at `/path` (repeatable) |
 
 use std::time::Duration;
 
 use voidbox_protocol::{valid_allow_entry, GuestPolicy, SessionSecret};
 
 use crate::auth::{scrub_string, secret_from_hex};
+use crate::disks::DiskParams;
 
 /// Default vsock port of the agent.
 pub const DEFAULT_PORT: u32 = 1234;
@@ -58,6 +62,8 @@ pub struct BootParams {
     pub shutdown: ShutdownMode,
     /// Verbose logging (`voidbox.debug`).
     pub debug: bool,
+    /// Disks (`voidbox.rootfs`, `voidbox.user`, `voidbox.mount`).
+    pub disks: DiskParams,
     /// Problems found while parsing (reported on the console, never fatal).
     pub warnings: Vec<String>,
 }
@@ -132,6 +138,7 @@ impl BootParams {
                 }
             }
             "debug" => self.debug = parse_bool(value)?,
+            "rootfs" | "user" | "mount" => self.disks.apply(key, value)?,
             _ => return Err("unknown parameter (ignored)".into()),
         }
         Ok(())

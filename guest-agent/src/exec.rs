@@ -6,8 +6,10 @@
 //!   `Error` (`NotFound`, `InvalidRequest`, `ResourceLimit`). A program that passes but
 //!   cannot be started (exec failure, bad workdir) gets an `ExecResponse` with `error` set
 //!   and exit code 127. Children of an allowed program are not filtered.
-//! * Every child runs as uid/gid 1000 with no supplementary groups, the policy's rlimits,
-//!   in a new session/process group ([`crate::spawn`]).
+//! * Every child runs as uid/gid 1000 (or `voidbox.user`) with no supplementary groups,
+//!   the policy's rlimits, in a new session/process group ([`crate::spawn`]) — and, when the
+//!   node has an image, inside it ([`crate::rootfs`]): the program is then looked up there,
+//!   and if the disks failed at boot every exec answers exit code 127 with the reason.
 //! * The [`crate::watchdog`] SIGKILLs the whole process group at the deadline
 //!   (`timed_out` in the response); when the leader exits the rest of its group is killed
 //!   too, so an exec's processes never outlive it.
@@ -30,6 +32,7 @@ use voidbox_protocol::{
 
 use crate::policy::{Policy, SYSTEM_PATH};
 use crate::reaper::{ExitSlot, ExitStatus, Reaper};
+use crate::rootfs::ExecRoot;
 use crate::spawn::{Credentials, SpawnPlan};
 
 /// How long output is still drained after the leader exited (for pipes held open by a
@@ -49,12 +52,18 @@ pub struct ExecEnv {
     pub creds: Option<Credentials>,
     /// Prefix for guest paths `/workspace`, `/home`, `/etc/voidbox` (`/` in the guest).
     pub base: PathBuf,
+    /// The root filesystem children run in (the node's image, see [`crate::rootfs`]).
+    pub root: ExecRoot,
 }
 
 impl ExecEnv {
-    /// Maps a guest path to the real one: under the confinement roots it is relocated
-    /// below `base` (host tests), anything else is used as is.
+    /// Maps a guest path to the one children see: under the confinement roots it is
+    /// relocated below `base` (host tests), anything else — and everything in an image
+    /// root, which has `/workspace` and `/home/sandbox` at their guest paths — is used as is.
     pub fn map_path(&self, guest: &str) -> PathBuf {
+        if matches!(self.root, ExecRoot::Image(_)) {
+            return PathBuf::from(guest);
+        }
         for (root, _) in crate::files::ROOTS {
             if guest == root || guest.strip_prefix(root).is_some_and(|r| r.starts_with('/')) {
                 return self.base.join(guest.trim_start_matches('/'));
@@ -116,6 +125,7 @@ pub struct Command {
     cwd: PathBuf,
     creds: Option<Credentials>,
     rlimits: Vec<(libc::c_int, u64)>,
+    root: ExecRoot,
 }
 
 impl Command {
@@ -167,7 +177,19 @@ impl Command {
             .iter()
             .find(|(k, _)| k == "PATH")
             .map_or(SYSTEM_PATH, |(_, v)| v.as_str());
-        let path = policy.check_program(program, search)?;
+        let path = match &exec_env.root {
+            ExecRoot::System => policy.check_program(program, search)?,
+            // PATH lookup and the allowlist check happen inside the image.
+            ExecRoot::Image(image) => {
+                let (policy, program, search) =
+                    (policy.clone(), program.to_string(), search.to_string());
+                image
+                    .run(move || policy.check_program(&program, &search))
+                    .map_err(|e| (ErrorCode::Io, format!("image root: {e}")))??
+            }
+            // Never executed: `spawn` answers with the boot failure.
+            ExecRoot::Broken(_) => PathBuf::from(program),
+        };
         let cwd = match workdir {
             Some(w) if !w.is_empty() => {
                 if !w.starts_with('/') {
@@ -201,6 +223,7 @@ impl Command {
             cwd,
             creds: exec_env.creds,
             rlimits,
+            root: exec_env.root.clone(),
         })
     }
 
@@ -212,14 +235,8 @@ impl Command {
     /// Spawns the command with the given stdio fds, registered with the reaper.
     /// On failure after the child was created, the child is reaped by the reaper.
     pub fn spawn(&self, stdio: [RawFd; 3], controlling_tty: bool) -> Result<Arc<ExitSlot>, String> {
+        let mut plan = self.plan(stdio, controlling_tty)?;
         let reaper = Reaper::get().ok_or("the reaper is not running")?;
-        let mut plan = SpawnPlan::new(&self.path, &self.argv, &self.env, Some(&self.cwd), stdio)
-            .map_err(|_| "string contains a NUL byte".to_string())?;
-        plan.credentials(self.creds)
-            .controlling_tty(controlling_tty);
-        for &(res, v) in &self.rlimits {
-            plan.rlimit(res, v);
-        }
         let (slot, result) = reaper
             .spawn_registered(true, || match plan.spawn() {
                 Ok(pid) => (Some(pid), Ok(())),
@@ -228,6 +245,30 @@ impl Command {
             .map_err(|e| format!("cannot prepare the child: {e}"))?;
         result.map_err(|e| format!("cannot run `{}`: {e}", self.path.display()))?;
         Ok(slot)
+    }
+
+    /// The spawn plan of this command (in the image root, if there is one); it refers to the
+    /// image's namespace fd, so it must be spawned while `self` lives. Fails with the boot
+    /// error when the node's disks could not be set up.
+    pub(crate) fn plan(
+        &self,
+        stdio: [RawFd; 3],
+        controlling_tty: bool,
+    ) -> Result<SpawnPlan, String> {
+        let mntns = match &self.root {
+            ExecRoot::System => None,
+            ExecRoot::Image(image) => Some(image.namespace_fd()),
+            ExecRoot::Broken(why) => return Err(format!("the node's disks failed at boot: {why}")),
+        };
+        let mut plan = SpawnPlan::new(&self.path, &self.argv, &self.env, Some(&self.cwd), stdio)
+            .map_err(|_| "string contains a NUL byte".to_string())?;
+        plan.credentials(self.creds)
+            .controlling_tty(controlling_tty)
+            .mount_namespace(mntns);
+        for &(res, v) in &self.rlimits {
+            plan.rlimit(res, v);
+        }
+        Ok(plan)
     }
 }
 

@@ -5,9 +5,9 @@
 //! symlinks and `/proc` magic links cannot leave the root. Paths are additionally checked
 //! lexically: they must name a root, and `..` components are rejected outright.
 //!
-//! Files and directories created under `/workspace` and `/home` belong to uid/gid 1000;
-//! under `/etc/voidbox` (host-provided configuration) they stay root's, read-only to the
-//! sandbox user. Writes refuse non-regular files and hard-linked files (a hard link made by
+//! Files and directories created under `/workspace` and `/home` belong to the command user
+//! (uid/gid 1000, or `voidbox.user`); under `/etc/voidbox` (host-provided configuration)
+//! they stay root's, read-only to the sandbox user. Writes refuse non-regular files and hard-linked files (a hard link made by
 //! the sandbox user must not let the root agent write through it).
 
 use std::ffi::CString;
@@ -19,7 +19,7 @@ use std::path::Path;
 
 use voidbox_protocol::{ErrorCode, FileKind};
 
-use crate::spawn::SANDBOX;
+use crate::spawn::Credentials;
 
 /// Largest file a single WriteFile transfer may produce.
 pub const MAX_WRITE_BYTES: u64 = 1 << 30;
@@ -97,8 +97,9 @@ pub const ROOTS: [(&str, bool); 3] = [
 impl Roots {
     /// Opens the roots below `base` (`/` in the guest; `--root DIR` on the host, where
     /// `/workspace` becomes `DIR/workspace`). Missing roots are tolerated (requests for
-    /// them fail with `PathDenied`).
-    pub fn open(base: &Path) -> Roots {
+    /// them fail with `PathDenied`). What is created under `/workspace` and `/home` belongs
+    /// to `owner` (the command user: 1000:1000, or `voidbox.user`).
+    pub fn open(base: &Path, owner: Credentials) -> Roots {
         let roots = ROOTS
             .iter()
             .map(|&(name, sandbox_owned)| {
@@ -110,7 +111,7 @@ impl Roots {
                 Root {
                     name,
                     fd,
-                    owner: sandbox_owned.then_some((SANDBOX.uid, SANDBOX.gid)),
+                    owner: sandbox_owned.then_some((owner.uid, owner.gid)),
                 }
             })
             .collect();
@@ -589,7 +590,7 @@ mod tests {
         for (r, _) in ROOTS {
             std::fs::create_dir_all(dir.path().join(r.trim_start_matches('/'))).unwrap();
         }
-        let roots = Roots::open(dir.path());
+        let roots = Roots::open(dir.path(), crate::spawn::SANDBOX);
         (dir, roots)
     }
 

@@ -10,19 +10,23 @@
 //! * [`exec`] + [`spawn`]: running programs as uid/gid 1000 with limits, streaming output.
 //! * [`reaper`] + [`watchdog`]: the single `waitpid` owner and the timeout killer.
 //! * [`files`]: file RPCs confined with `openat2(RESOLVE_IN_ROOT)`.
+//! * [`disks`] + [`rootfs`] + [`mount`]: OCI image root and skill disks, set up at boot.
 //! * [`pty`]: interactive sessions on a pseudo-terminal.
 //! * [`telemetry`]: resource statistics from `/proc`.
 
 pub mod auth;
 pub mod cli;
 pub mod cmdline;
+pub mod disks;
 pub mod exec;
 pub mod files;
 pub mod init;
+pub mod mount;
 pub mod policy;
 pub mod pty;
 pub mod reaper;
 pub mod rekey;
+pub mod rootfs;
 pub mod server;
 pub mod spawn;
 pub mod telemetry;

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         }
     }
     let config = if is_init {
-        cli::guest_config()
+        voidbox_guest_agent::disks::attach(cli::guest_config())
     } else {
         let flags = match cli::parse_flags(std::env::args().skip(1)) {
             Ok(f) => f,

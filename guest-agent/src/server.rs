@@ -106,7 +106,10 @@ impl Agent {
             vsock_any_peer,
             rekey,
         } = cfg;
-        let roots = Roots::open(&exec_env.base);
+        let roots = Roots::open(
+            &exec_env.base,
+            exec_env.creds.unwrap_or(crate::spawn::SANDBOX),
+        );
         Arc::new(Agent {
             cfg: Settings {
                 listen,

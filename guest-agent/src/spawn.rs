@@ -2,7 +2,8 @@
 //!
 //! This is how glibc's `posix_spawn` works, extended with what it cannot do: dropping to
 //! uid/gid 1000 (with an empty supplementary group list), setting rlimits, a new session
-//! (own process group, optional controlling tty) and `no_new_privs`. Sharing the address
+//! (own process group, optional controlling tty), `no_new_privs`, and joining the node's
+//! image root (a mount namespace, see [`crate::rootfs`]). Sharing the address
 //! space avoids copying the agent's page tables and the copy-on-write faults that follow a
 //! `fork` — both expensive when the guest kernel is interpreted.
 //!
@@ -34,7 +35,7 @@ pub const SANDBOX: Credentials = Credentials {
 };
 
 /// Which failure stage the child reports back (for error messages).
-const STAGES: [&str; 11] = [
+const STAGES: [&str; 12] = [
     "ok",
     "resetting signals",
     "creating a session",
@@ -46,6 +47,7 @@ const STAGES: [&str; 11] = [
     "setting the group id",
     "setting the user id",
     "executing the program",
+    "entering the image root",
 ];
 
 /// Everything the child needs, prepared before the clone.
@@ -62,6 +64,8 @@ pub struct SpawnPlan {
     controlling_tty: bool,
     creds: Option<Credentials>,
     rlimits: Vec<(libc::c_int, u64)>,
+    /// Mount namespace to join first (the node's image root).
+    mntns: Option<RawFd>,
     /// Written by the child on failure: (stage, errno).
     failure: (usize, i32),
 }
@@ -113,6 +117,7 @@ impl SpawnPlan {
             controlling_tty: false,
             creds: None,
             rlimits: Vec::new(),
+            mntns: None,
             failure: (0, 0),
         })
     }
@@ -126,6 +131,14 @@ impl SpawnPlan {
     /// Sets soft and hard limit of `resource` in the child.
     pub fn rlimit(&mut self, resource: libc::c_int, value: u64) -> &mut Self {
         self.rlimits.push((resource, value));
+        self
+    }
+
+    /// Makes the child join this mount namespace (an fd of `/proc/…/ns/mnt`) before it
+    /// changes directory: its root and working directory become the namespace's `/`. The
+    /// fd must stay open until [`SpawnPlan::spawn`] returns.
+    pub fn mount_namespace(&mut self, fd: Option<RawFd>) -> &mut Self {
+        self.mntns = fd;
         self
     }
 
@@ -266,14 +279,23 @@ unsafe fn child_setup(plan: &SpawnPlan) -> usize {
             return 5;
         }
     }
-    // 6. Working directory (before dropping privileges: it is checked again by execve).
+    // 6. The image root: join its mount namespace, which also moves our root and working
+    //    directory to its `/` (the cwd below is a path inside it). Our fs_struct is our own
+    //    (no CLONE_FS), as setns requires.
+    if let Some(fd) = plan.mntns {
+        // SAFETY: setns on an fd the plan's owner keeps open across the spawn.
+        if unsafe { libc::syscall(libc::SYS_setns, fd, libc::CLONE_NEWNS) } < 0 {
+            return 11;
+        }
+    }
+    // 7. Working directory (before dropping privileges: it is checked again by execve).
     if let Some(cwd) = &plan.cwd {
         // SAFETY: `cwd` is a valid NUL-terminated string.
         if unsafe { libc::syscall(libc::SYS_chdir, cwd.as_ptr()) } < 0 {
             return 6;
         }
     }
-    // 7. Identity: groups, gid, uid — in that order, via raw syscalls.
+    // 8. Identity: groups, gid, uid — in that order, via raw syscalls.
     if let Some(c) = plan.creds {
         // SAFETY: setgroups(0, NULL) clears the supplementary groups.
         if unsafe { libc::syscall(libc::SYS_setgroups, 0, ptr::null::<libc::gid_t>()) } < 0 {
@@ -291,7 +313,7 @@ unsafe fn child_setup(plan: &SpawnPlan) -> usize {
         // SAFETY: prctl with integer arguments.
         unsafe { libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     }
-    // 8. Unblock every signal, then exec.
+    // 9. Unblock every signal, then exec.
     let empty: u64 = 0;
     // SAFETY: kernel sigset of 8 bytes, no old-mask out-pointer.
     unsafe {

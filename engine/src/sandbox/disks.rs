@@ -74,8 +74,8 @@ impl VmDisks {
                 check_mount_path(mount)?;
             }
         }
-        if self.user.is_some_and(|(uid, _)| uid == 0) {
-            return Err("commands never run as root in the guest (uid 0)".into());
+        if self.user.is_some_and(|(uid, gid)| uid == 0 || gid == 0) {
+            return Err("commands never run as root in the guest (uid or gid 0)".into());
         }
         Ok(())
     }
@@ -162,6 +162,10 @@ pub fn check_mount_path(p: &str) -> Result<(), String> {
     const RESERVED: &[&str] = &["proc", "sys", "dev", "run", "workspace", "tmp"];
     if RESERVED.contains(&parts[0]) {
         return bad("must not be inside /proc, /sys, /dev, /run, /tmp or /workspace");
+    }
+    if p == "/home" || p == "/home/sandbox" || p == "/etc/voidbox" || p.starts_with("/etc/voidbox/")
+    {
+        return bad("must not be /home, /home/sandbox or inside /etc/voidbox");
     }
     Ok(())
 }
@@ -268,10 +272,19 @@ mod tests {
             "/proc/x",
             "/workspace",
             "/dev",
+            "/home",
+            "/home/sandbox",
+            "/etc/voidbox/x",
         ] {
             assert!(check_mount_path(bad).is_err(), "{bad}");
         }
-        for good in ["/skills/python", "/opt/x-1.2", "/mnt"] {
+        for good in [
+            "/skills/python",
+            "/opt/x-1.2",
+            "/mnt",
+            "/home/other",
+            "/etc/x",
+        ] {
             check_mount_path(good).unwrap();
         }
         assert!(check_mount_path(&format!("/{}", "a".repeat(300))).is_err());
