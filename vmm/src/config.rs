@@ -142,6 +142,10 @@ pub enum ConfigError {
     /// More than [`MAX_DISKS`] disks.
     #[error("at most {MAX_DISKS} disks per VM, got {0}")]
     TooManyDisks(usize),
+    /// A disk's backing file cannot be a disk (not a regular file, or its size is not a
+    /// non-empty multiple of 512 bytes); the message names the path.
+    #[error("{0}")]
+    Disk(String),
 }
 
 impl VmConfig {

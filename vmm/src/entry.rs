@@ -253,7 +253,11 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         ),
     };
-    if let Err(e) = crate::seccomp::install(cfg.snapshot_control, Some(running.console_fd())) {
+    if let Err(e) = crate::seccomp::install(
+        cfg.snapshot_control,
+        Some(running.console_fd()),
+        running.disk_fds(),
+    ) {
         finish(
             &status,
             ExitCode::Setup,

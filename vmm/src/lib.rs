@@ -15,12 +15,12 @@
 //! | [`entry`] | the VMM process entry point (`voidbox-vmm`, `voidbox __vmm`): config, status, exit codes |
 //! | [`config`] | the JSON VM configuration the engine sends |
 //! | [`control`] | the control channel: commands after the config line (`snapshot`) |
-//! | [`vm`] | building, running, snapshotting and restoring one VM |
+//! | [`vm`] | building one VM (cold boot or restore, sharing device attachment), running and snapshotting it |
 //! | [`vcpu`] | vCPU threads and their exits |
 //! | [`boot`] | 64-bit Linux boot: page tables, GDT, boot params, MP table |
 //! | [`memory`] | guest memory layout and mapping |
 //! | [`bus`], [`exit`] | port/MMIO dispatch and VM exit reasons |
-//! | [`devices`] | serial, i8042, virtio-mmio transport and queues, vsock — each with its `persist` state |
+//! | [`devices`] | serial, i8042, virtio-mmio transport and queues, virtio-blk, vsock — each with its `persist` state |
 //! | [`persist`] | the snapshot file: format, checksums, vCPU and VM state (devices own theirs) |
 //! | [`seccomp`] | the per-thread seccomp-BPF filter |
 //! | [`probe`] | detecting a KVM that interprets guest kernel code |

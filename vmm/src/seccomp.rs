@@ -5,7 +5,9 @@
 //! reads/writes on eventfds, sockets, the console log and stdout, epoll, accept4, memory
 //! management for the allocator (never executable), futexes, signals for vCPU kicks (`tgkill`
 //! to this process only), positioned writes and truncation of the console log (its fd only;
-//! the log is capped, see [`crate::devices::serial::ConsoleLog`]), and exit.
+//! the log is capped, see [`crate::devices::serial::ConsoleLog`]), disk I/O (`preadv` on
+//! every disk's fd, `pwritev` and `fdatasync` on read-write disks' fds only: the vCPU threads
+//! run virtio-blk requests, see [`crate::devices::block`]), and exit.
 //!
 //! A VMM started with `snapshot_control` may also write snapshots after the filter is in
 //! place: it additionally gets the KVM_GET_* ioctls of snapshot capture and the file syscalls
@@ -62,8 +64,17 @@ fn cond_int(arg: u8, val: i32) -> Result<SeccompCondition, SeccompError> {
     .map_err(|e| SeccompError::Build(e.to_string()))
 }
 
-/// What a filter is built for.
+/// A disk's backing file descriptor, as the filter sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskFd {
+    /// The descriptor.
+    pub fd: i32,
+    /// Read-write disk: `pwritev` and `fdatasync` are allowed on it too.
+    pub writable: bool,
+}
+
+/// What a filter is built for.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilterParams {
     /// Allow what taking a snapshot needs ([`SNAPSHOT_SYSCALLS`], [`snapshot_ioctls`]).
     pub snapshot: bool,
@@ -72,10 +83,13 @@ pub struct FilterParams {
     /// The console log's fd: `pwrite64` and `ftruncate` are allowed on it (and, without
     /// `snapshot`, on nothing else).
     pub console_fd: Option<i32>,
+    /// The disks: `preadv` is allowed on each, `pwritev` and `fdatasync` on the writable
+    /// ones (without `snapshot`, on nothing else).
+    pub disks: Vec<DiskFd>,
 }
 
 impl FilterParams {
-    /// Parameters for the calling process.
+    /// Parameters for the calling process (no disks).
     pub fn for_this_process(snapshot: bool, console_fd: Option<i32>) -> Self {
         // SAFETY: getpid has no preconditions and cannot fail.
         let pid = unsafe { libc::getpid() };
@@ -83,8 +97,40 @@ impl FilterParams {
             snapshot,
             pid,
             console_fd,
+            disks: Vec::new(),
         }
     }
+
+    /// The same parameters with `disks`.
+    pub fn with_disks(mut self, disks: &[DiskFd]) -> Self {
+        self.disks = disks.to_vec();
+        self
+    }
+}
+
+/// Allows syscall `nr` when its first argument is one of `fds` (kept unconditional when it
+/// already is).
+fn allow_on_fds(
+    rules: &mut BTreeMap<i64, Vec<SeccompRule>>,
+    nr: i64,
+    fds: impl IntoIterator<Item = i32>,
+) -> Result<(), SeccompError> {
+    let fd_rules = fds
+        .into_iter()
+        .map(|fd| rule(vec![cond_int(0, fd)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    if fd_rules.is_empty() {
+        return Ok(());
+    }
+    match rules.get_mut(&nr) {
+        // An empty rule list already allows every call.
+        Some(existing) if existing.is_empty() => {}
+        Some(existing) => existing.extend(fd_rules),
+        None => {
+            rules.insert(nr, fd_rules);
+        }
+    }
+    Ok(())
 }
 
 /// Syscalls allowed without argument filtering.
@@ -204,6 +250,12 @@ pub fn build_filter(p: &FilterParams) -> Result<BpfProgram, SeccompError> {
             rules.insert(nr, vec![rule(vec![cond_int(0, fd)?])?]);
         }
     }
+    // Disk requests run on the vCPU threads: vectored positioned I/O straight into guest
+    // memory, and flushes; writes only to read-write disks.
+    allow_on_fds(&mut rules, libc::SYS_preadv, p.disks.iter().map(|d| d.fd))?;
+    let writable = || p.disks.iter().filter(|d| d.writable).map(|d| d.fd);
+    allow_on_fds(&mut rules, libc::SYS_pwritev, writable())?;
+    allow_on_fds(&mut rules, libc::SYS_fdatasync, writable())?;
     // Signals (vCPU kicks, abort) only to threads of this process: tgkill(tgid == pid, …).
     rules.insert(libc::SYS_tgkill, vec![rule(vec![cond_int(0, p.pid)?])?]);
     rules.insert(
@@ -249,9 +301,14 @@ pub fn build_filter(p: &FilterParams) -> Result<BpfProgram, SeccompError> {
 }
 
 /// Installs the filter on every thread of the calling process (requires no_new_privs), built
-/// in this process for its own pid ([`FilterParams::for_this_process`]).
-pub fn install(snapshot: bool, console_fd: Option<i32>) -> Result<(), SeccompError> {
-    let prog = build_filter(&FilterParams::for_this_process(snapshot, console_fd))?;
+/// in this process for its own pid ([`FilterParams::for_this_process`]) with its `disks`.
+pub fn install(
+    snapshot: bool,
+    console_fd: Option<i32>,
+    disks: &[DiskFd],
+) -> Result<(), SeccompError> {
+    let prog =
+        build_filter(&FilterParams::for_this_process(snapshot, console_fd).with_disks(disks))?;
     apply_filter_all_threads(&prog).map_err(|e| SeccompError::Install(e.to_string()))
 }
 
@@ -363,6 +420,90 @@ mod tests {
         assert!(killed_by_sigsys(s), "{s:#x}");
     }
 
+    fn preadv1(fd: i32) {
+        let mut b = [0u8; 1];
+        let iov = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: reads one byte into a local buffer described by a valid iovec.
+        unsafe { libc::preadv(fd, &iov, 1, 0) };
+    }
+
+    fn pwritev1(fd: i32) {
+        let b = [b'x'];
+        let iov = libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: 1,
+        };
+        // SAFETY: writes one byte from a local buffer to a file the test owns.
+        unsafe { libc::pwritev(fd, &iov, 1, 0) };
+    }
+
+    fn fdatasync(fd: i32) {
+        // SAFETY: syncs a file the test owns.
+        unsafe { libc::fdatasync(fd) };
+    }
+
+    #[test]
+    fn disk_io_only_on_disk_fds_and_writes_only_on_writable_ones() {
+        use std::os::unix::io::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let file = |n: &str| {
+            let p = dir.path().join(n);
+            std::fs::write(&p, [0u8; 512]).unwrap();
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let (ro, rw, other) = (file("ro"), file("rw"), file("other"));
+        let (ro, rw, other) = (ro.as_raw_fd(), rw.as_raw_fd(), other.as_raw_fd());
+        let disks = [
+            DiskFd {
+                fd: ro,
+                writable: false,
+            },
+            DiskFd {
+                fd: rw,
+                writable: true,
+            },
+        ];
+        let prog =
+            build_filter(&FilterParams::for_this_process(false, None).with_disks(&disks)).unwrap();
+        let s = run_filtered(&prog, || {
+            preadv1(ro);
+            preadv1(rw);
+            pwritev1(rw);
+            fdatasync(rw);
+        });
+        assert!(exited_ok(s), "{s:#x}");
+        for (f, fd) in [
+            (preadv1 as fn(i32), other),
+            (pwritev1, ro),
+            (pwritev1, other),
+            (fdatasync, ro),
+            (fdatasync, other),
+            (pwrite1, rw),
+        ] {
+            let s = run_filtered(&prog, || f(fd));
+            assert!(killed_by_sigsys(s), "fd {fd}: {s:#x}");
+        }
+        // Without disks none of them is allowed; with snapshot_control fdatasync stays
+        // unconditional (snapshot files are synced) and disk reads still work.
+        let prog = build_filter(&FilterParams::for_this_process(false, None)).unwrap();
+        let s = run_filtered(&prog, || preadv1(ro));
+        assert!(killed_by_sigsys(s), "{s:#x}");
+        let prog =
+            build_filter(&FilterParams::for_this_process(true, None).with_disks(&disks)).unwrap();
+        let s = run_filtered(&prog, || {
+            fdatasync(other);
+            preadv1(ro);
+        });
+        assert!(exited_ok(s), "{s:#x}");
+    }
+
     #[test]
     fn snapshot_ioctl_numbers() {
         let n = snapshot_ioctls();
@@ -406,6 +547,11 @@ mod tests {
             libc::SYS_fork,
             libc::SYS_ptrace,
             libc::SYS_mount,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_fdatasync,
         ] {
             assert!(!PLAIN_SYSCALLS.contains(&nr), "{nr} must not be allowed");
         }

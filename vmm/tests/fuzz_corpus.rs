@@ -1,11 +1,24 @@
-//! Replays the cargo-fuzz seed corpus (`vmm/fuzz/corpus/vsock_packet`) through the same code the
-//! fuzz target exercises, so regressions show up in a plain `cargo test`.
+//! Replays the cargo-fuzz seed corpora (`vmm/fuzz/corpus/vsock_packet`,
+//! `vmm/fuzz/corpus/block_request`) through the same code the fuzz targets exercise, so
+//! regressions show up in a plain `cargo test`.
 
+use std::path::{Path, PathBuf};
+
+use voidbox_vmm::devices::block::fuzz::{
+    fuzz_disk_byte, fuzz_requests, FuzzReport, FUZZ_DISK_BYTES,
+};
+use voidbox_vmm::devices::block::request::status;
 use voidbox_vmm::devices::vsock::{fuzz_queues, packet::parse_packet, packet::MAX_PKT_PAYLOAD};
+
+fn corpus(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(name)
+}
 
 #[test]
 fn replay_vsock_packet_corpus() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/vsock_packet");
+    let dir = corpus("vsock_packet");
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).expect("corpus directory") {
         let path = entry.unwrap().path();
@@ -22,7 +35,7 @@ fn replay_vsock_packet_corpus() {
 
 #[test]
 fn parse_results_for_named_seeds() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/vsock_packet");
+    let dir = corpus("vsock_packet");
     let read = |n: &str| std::fs::read(dir.join(n)).unwrap();
     let rw = read("rw_hello");
     let (_, p) = parse_packet(&rw).unwrap();
@@ -34,4 +47,90 @@ fn parse_results_for_named_seeds() {
         parse_packet(&read("unknown_op")).is_ok(),
         "validated later, not a parse error"
     );
+}
+
+fn original_disk() -> Vec<u8> {
+    (0..FUZZ_DISK_BYTES).map(fuzz_disk_byte).collect()
+}
+
+#[test]
+fn replay_block_request_corpus() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(corpus("block_request")).expect("corpus directory") {
+        let path = entry.unwrap().path();
+        let data = std::fs::read(&path).unwrap();
+        let r = fuzz_requests(&data).unwrap_or_else(|| panic!("{}: no report", path.display()));
+        assert_eq!(r.disk.len(), FUZZ_DISK_BYTES);
+        if data[0] & 1 != 0 {
+            assert_eq!(
+                r.disk,
+                original_disk(),
+                "{}: read-only disk written",
+                path.display()
+            );
+        }
+        n += 1;
+    }
+    assert!(n >= 20, "corpus too small: {n}");
+}
+
+#[test]
+fn block_request_outcomes_for_named_seeds() {
+    let run = |name: &str| -> FuzzReport {
+        let data = std::fs::read(corpus("block_request").join(name)).unwrap();
+        fuzz_requests(&data).unwrap()
+    };
+    let answered = |name: &str, want: &[u8]| {
+        let r = run(name);
+        assert!(!r.broken, "{name}: device broke");
+        assert_eq!(r.statuses, want, "{name}");
+        r
+    };
+    let broken = |name: &str| {
+        let r = run(name);
+        assert!(r.broken, "{name}: device did not break");
+        assert!(r.statuses.is_empty(), "{name}: {:?}", r.statuses);
+        assert_eq!(r.disk, original_disk(), "{name}");
+    };
+    let orig = original_disk();
+
+    let r = answered("in_valid", &[status::OK]);
+    assert_eq!(r.stats.reads, 1);
+    answered("in_any_layout", &[status::OK]);
+    answered("zero_length_data", &[status::OK]);
+    let r = answered("out_valid", &[status::OK]);
+    assert_eq!(r.disk[4 * 512..5 * 512], [0xab; 512]);
+    assert_eq!(r.disk[..4 * 512], orig[..4 * 512]);
+    assert_eq!(r.disk[5 * 512..], orig[5 * 512..]);
+    let r = answered("flush", &[status::OK]);
+    assert_eq!(r.stats.flushes, 1);
+    answered("get_id", &[status::OK]);
+    answered("unsupported_type", &[status::UNSUPP]);
+    for name in [
+        "out_of_range_sector",
+        "range_crosses_end",
+        "overflowing_sector",
+        "overflowing_sector_bytes",
+        "unaligned_length",
+        "write_to_ro",
+    ] {
+        let r = answered(name, &[status::IOERR]);
+        assert_eq!(r.disk, orig, "{name} changed the disk");
+        assert_eq!(r.stats.errors, 1, "{name}");
+    }
+    let r = answered("write_read_flush", &[status::OK; 3]);
+    assert_eq!(r.disk[5 * 512..6 * 512], [0x5a; 512]);
+    assert_eq!((r.stats.writes, r.stats.reads, r.stats.flushes), (1, 1, 1));
+    for name in [
+        "self_loop",
+        "chain_longer_than_queue",
+        "next_out_of_table",
+        "zero_length_only",
+        "status_read_only",
+        "status_outside_memory",
+        "huge_length",
+        "avail_index_jump",
+    ] {
+        broken(name);
+    }
 }

@@ -898,3 +898,382 @@ fn snapshot_of_a_4_gib_guest_restores_memory_above_the_gap() {
         assert!(d.contains("memory size"), "{d}");
     }
 }
+
+// ---- virtio-blk on the real guest kernel -------------------------------------------------
+
+/// The cached guest kernel (`voidbox image build` puts it under
+/// `$XDG_CACHE_HOME/voidbox/images/<hash>/`, or `VOIDBOX_TEST_KERNEL`) and whether it needs
+/// the VMM's compat flags. Panics when there is none: these tests must not pass unrun.
+fn guest_kernel() -> (PathBuf, bool) {
+    if let Some(k) = std::env::var_os("VOIDBOX_TEST_KERNEL") {
+        let compat = std::env::var("VOIDBOX_TEST_KERNEL_COMPAT").as_deref() != Ok("0");
+        return (PathBuf::from(k), compat);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("neither XDG_CACHE_HOME nor HOME is set")
+        .join("voidbox/images");
+    let mut found: Vec<(std::time::SystemTime, PathBuf, bool)> = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let m: Value =
+                serde_json::from_slice(&std::fs::read(e.path().join("manifest.json")).ok()?)
+                    .ok()?;
+            let kernel = e.path().join(m["vmlinux"]["file"].as_str()?);
+            let when = std::fs::metadata(&kernel).ok()?.modified().ok()?;
+            Some((when, kernel, m["profile"] == "compat"))
+        })
+        .collect();
+    found.sort();
+    let (_, kernel, compat) = found.pop().unwrap_or_else(|| {
+        panic!(
+            "no cached guest kernel under {}: run `voidbox image build` first \
+             (or set VOIDBOX_TEST_KERNEL)",
+            cache.display()
+        )
+    });
+    (kernel, compat)
+}
+
+/// The host's busybox, which must be statically linked (Debian's `busybox-static`): it runs
+/// alone in the test initramfs.
+fn static_busybox() -> Vec<u8> {
+    let b = std::fs::read("/bin/busybox")
+        .expect("/bin/busybox missing: install busybox-static (scripts/test.sh does)");
+    assert_eq!(&b[..4], b"\x7fELF", "/bin/busybox is not an ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    let dynamic = (0..phnum).any(|i| {
+        let o = phoff + i * phentsize;
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) == PT_INTERP
+    });
+    assert!(
+        !dynamic,
+        "/bin/busybox is dynamically linked: install busybox-static"
+    );
+    b
+}
+
+/// One newc (SVR4 "070701") cpio entry.
+fn cpio_entry(out: &mut Vec<u8>, ino: u32, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
+    let fields = [
+        ino,
+        mode,
+        0,
+        0,
+        1,
+        0,
+        data.len() as u32,
+        0,
+        0,
+        rdev.0,
+        rdev.1,
+        name.len() as u32 + 1,
+        0,
+    ];
+    out.extend_from_slice(b"070701");
+    for f in fields {
+        out.extend_from_slice(format!("{f:08x}").as_bytes());
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    while !out.len().is_multiple_of(4) {
+        out.push(0);
+    }
+    out.extend_from_slice(data);
+    while !out.len().is_multiple_of(4) {
+        out.push(0);
+    }
+}
+
+/// An uncompressed initramfs: static busybox, `/dev/console`, and `init` as `/init`.
+fn test_initramfs(init: &str) -> Vec<u8> {
+    let mut c = Vec::new();
+    cpio_entry(&mut c, 1, "bin", 0o040755, &[], (0, 0));
+    cpio_entry(&mut c, 2, "dev", 0o040755, &[], (0, 0));
+    cpio_entry(&mut c, 3, "dev/console", 0o020600, &[], (5, 1));
+    cpio_entry(&mut c, 4, "proc", 0o040755, &[], (0, 0));
+    cpio_entry(
+        &mut c,
+        5,
+        "bin/busybox",
+        0o100755,
+        &static_busybox(),
+        (0, 0),
+    );
+    cpio_entry(&mut c, 6, "init", 0o100755, init.as_bytes(), (0, 0));
+    cpio_entry(&mut c, 0, "TRAILER!!!", 0, &[], (0, 0));
+    c
+}
+
+/// A guest booted from the real kernel with a test initramfs and disks.
+struct DiskGuest {
+    dir: tempfile::TempDir,
+    kernel: PathBuf,
+    compat: bool,
+}
+
+impl DiskGuest {
+    fn new(init: &str) -> Self {
+        let (kernel, compat) = guest_kernel();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("initramfs.cpio"), test_initramfs(init)).unwrap();
+        Self {
+            dir,
+            kernel,
+            compat,
+        }
+    }
+
+    fn path(&self, n: &str) -> PathBuf {
+        self.dir.path().join(n)
+    }
+
+    /// A disk file of `len` bytes starting with `content`.
+    fn disk(&self, name: &str, content: &[u8], len: usize) -> PathBuf {
+        let mut d = content.to_vec();
+        d.resize(len, 0);
+        std::fs::write(self.path(name), d).unwrap();
+        self.path(name)
+    }
+
+    fn config(&self, disks: Value, extra: Value) -> Value {
+        let mut c = json!({
+            "kernel": self.kernel,
+            "initramfs": self.path("initramfs.cpio"),
+            "console_log": self.path("console.log"),
+            "compat": self.compat,
+            "memory_mb": 128,
+            "wall_limit_ms": 300_000,
+            "disks": disks,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    }
+}
+
+const RO_CONTENT: &str = "voidbox-ro-disk-7c1e";
+
+/// Init: mounts devtmpfs, reads the first line of the read-only /dev/vda, tries to write it,
+/// writes `pattern` to /dev/vdb and flushes it (fsync: a FLUSH request), then `then`.
+fn disk_init(pattern: &str, then: &str) -> String {
+    format!(
+        r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t devtmpfs devtmpfs /dev
+read -r ro < /dev/vda
+echo "RO-CONTENT:$ro"
+if $B dd if=/dev/zero of=/dev/vda bs=512 count=1 2>/dev/null; then echo RO-WRITE:accepted; else echo RO-WRITE:refused; fi
+echo "{pattern}" > /dev/vdb
+$B dd if=/dev/null of=/dev/vdb count=0 conv=notrunc,fsync 2>/dev/null && echo RW-FLUSHED
+{then}
+"#
+    )
+}
+
+#[test]
+fn guest_reads_and_writes_virtio_blk_disks() {
+    if skip_vm_tests() {
+        return;
+    }
+    let pattern = format!("voidbox-rw-pattern-{}", std::process::id());
+    let g = DiskGuest::new(&disk_init(&pattern, "echo BLK-TEST-DONE\n$B reboot -f"));
+    let ro = g.disk("ro.img", format!("{RO_CONTENT}\n").as_bytes(), 64 << 10);
+    let rw = g.disk("rw.img", b"", 128 << 10);
+    let ro_before = std::fs::read(&ro).unwrap();
+    let cfg = g.config(
+        json!([{"path": ro, "read_only": true}, {"path": rw, "read_only": false}]),
+        json!({}),
+    );
+    let t = std::time::Instant::now();
+    let r = run_raw(&cfg.to_string(), &g.path("console.log"));
+    eprintln!("disk guest ran {:?}; console:\n{}", t.elapsed(), r.console);
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    assert_eq!(r.exited()["reason"], "guest_reset");
+    for marker in [
+        format!("RO-CONTENT:{RO_CONTENT}"),
+        "RO-WRITE:refused".to_string(),
+        "RW-FLUSHED".to_string(),
+        "BLK-TEST-DONE".to_string(),
+    ] {
+        assert!(r.console.contains(&marker), "{marker} missing");
+    }
+    let written = std::fs::read(&rw).unwrap();
+    assert_eq!(written.len(), 128 << 10);
+    assert!(
+        written.starts_with(format!("{pattern}\n").as_bytes()),
+        "{:?}",
+        String::from_utf8_lossy(&written[..64])
+    );
+    assert_eq!(std::fs::read(&ro).unwrap(), ro_before);
+}
+
+#[test]
+fn disk_config_and_lock_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let console = dir.path().join("c.log");
+    let disk = |name: &str, len: usize| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, vec![0u8; len]).unwrap();
+        p
+    };
+    let base = |disks: Value| {
+        json!({"kernel": "/nonexistent", "console_log": console, "disks": disks}).to_string()
+    };
+    // Too many disks: rejected with the config.
+    let many: Vec<Value> = (0..17)
+        .map(|_| json!({"path": "/x", "read_only": true}))
+        .collect();
+    let r = run_raw(&base(json!(many)), &console);
+    assert_eq!(r.code(), Some(2), "{:?}", r.events);
+    if skip_vm_tests() {
+        return;
+    }
+    // A size that is not a sector multiple: a config error naming the file.
+    let odd = disk("odd.img", 1000);
+    let r = run_raw(&base(json!([{"path": odd}])), &console);
+    assert_eq!(r.code(), Some(2), "{:?}", r.events);
+    let d = r.exited()["detail"].as_str().unwrap().to_string();
+    assert!(d.contains("odd.img") && d.contains("512"), "{d}");
+    let empty = disk("empty.img", 0);
+    let r = run_raw(&base(json!([{"path": empty}])), &console);
+    assert_eq!(r.code(), Some(2), "{:?}", r.events);
+    // Missing: a setup error naming the file.
+    let r = run_raw(
+        &base(json!([{"path": dir.path().join("missing.img")}])),
+        &console,
+    );
+    assert_eq!(r.code(), Some(4), "{:?}", r.events);
+    assert!(r.exited()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("missing.img"));
+    // Locked read-write by another VM (a held flock stands for it): a clear setup error.
+    let held = disk("held.img", 4096);
+    let f = std::fs::File::open(&held).unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor the test owns.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+    for ro in [true, false] {
+        let r = run_raw(&base(json!([{"path": held, "read_only": ro}])), &console);
+        assert_eq!(r.code(), Some(4), "{:?}", r.events);
+        let d = r.exited()["detail"].as_str().unwrap().to_string();
+        assert!(
+            d.contains("held.img") && d.contains("in use by another VM"),
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn snapshot_of_a_vm_with_disks_restores_and_keeps_doing_io() {
+    if skip_vm_tests() {
+        return;
+    }
+    // After the disk checks the guest loops: drop the page cache, read /dev/vda again
+    // (a device read), write `tick-N` to /dev/vdb and flush it, print `TICK N <ro line>`;
+    // after tick 6 it reboots.
+    let tick_loop = r#"$B mount -t proc proc /proc
+n=0
+while [ $n -lt 6 ]; do
+  n=$((n+1))
+  echo 3 > /proc/sys/vm/drop_caches
+  read -r ro < /dev/vda
+  echo "tick-$n" > /dev/vdb
+  $B dd if=/dev/null of=/dev/vdb count=0 conv=notrunc,fsync 2>/dev/null
+  echo "TICK $n $ro"
+done
+$B reboot -f"#;
+    let g = DiskGuest::new(&disk_init("first", tick_loop));
+    let ro = g.disk("ro.img", format!("{RO_CONTENT}\n").as_bytes(), 64 << 10);
+    let rw = g.disk("rw.img", b"", 64 << 10);
+    let disks = json!([{"path": ro, "read_only": true}, {"path": rw, "read_only": false}]);
+    let snap = g.path("snap");
+    let a = g.config(
+        disks.clone(),
+        json!({"snapshot_control": true, "console_log": g.path("a.log"), "image_hash": "blk"}),
+    );
+    let mut vmm = Vmm::spawn(&a);
+    let a_log = g.path("a.log");
+    let end = std::time::Instant::now() + Duration::from_secs(240);
+    while !std::fs::read_to_string(&a_log)
+        .unwrap_or_default()
+        .contains("TICK 2 ")
+    {
+        assert!(
+            std::time::Instant::now() < end,
+            "no TICK 2: {}",
+            std::fs::read_to_string(&a_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    vmm.send(&json!({"snapshot": {"dir": snap}}).to_string());
+    let saved = vmm.wait_event(
+        &["snapshot_saved", "snapshot_failed", "exited"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(saved["event"], "snapshot_saved", "{:?}", vmm.events());
+    vmm.kill();
+    let a_console = std::fs::read_to_string(&a_log).unwrap();
+    let a_ticks = a_console.matches("TICK ").count();
+    assert!(a_ticks < 6, "A finished before it was killed: {a_console}");
+
+    // Refused: a disk missing, a disk of another mode, a disk of another size.
+    let refused = |disks: Value, what: &str| {
+        let cfg = g.config(
+            disks,
+            json!({"restore": snap, "console_log": g.path("r.log"), "image_hash": "blk"}),
+        );
+        let r = run_raw(&cfg.to_string(), &g.path("r.log"));
+        assert_eq!(r.code(), Some(5), "{what}: {:?}", r.events);
+        r.exited()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    refused(json!([{"path": ro, "read_only": true}]), "one disk");
+    let d = refused(
+        json!([{"path": ro, "read_only": true}, {"path": rw, "read_only": true}]),
+        "mode",
+    );
+    assert!(d.contains("read-write in the snapshot"), "{d}");
+    let bigger = g.disk("big.img", b"", 128 << 10);
+    let d = refused(
+        json!([{"path": ro, "read_only": true}, {"path": bigger, "read_only": false}]),
+        "size",
+    );
+    assert!(d.contains("sectors"), "{d}");
+
+    // B: restored; zero the RW file first, so what it holds afterwards was written by B.
+    std::fs::write(&rw, vec![0u8; 64 << 10]).unwrap();
+    let b = g.config(
+        disks,
+        json!({"restore": snap, "console_log": g.path("b.log"), "image_hash": "blk"}),
+    );
+    let r = run_raw(&b.to_string(), &g.path("b.log"));
+    eprintln!("restored guest console:\n{}", r.console);
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    assert_eq!(r.exited()["reason"], "guest_reset");
+    assert!(r.events.iter().any(|e| e["event"] == "restored"));
+    // It went on from where A was snapshotted (tick 3, 4 or later), reading the RO disk.
+    assert!(
+        r.console.contains(&format!("TICK 6 {RO_CONTENT}")),
+        "{}",
+        r.console
+    );
+    assert!(!r.console.contains("TICK 1 "), "{}", r.console);
+    let written = std::fs::read(&rw).unwrap();
+    assert!(
+        written.starts_with(b"tick-6\n"),
+        "{:?}",
+        String::from_utf8_lossy(&written[..16])
+    );
+}

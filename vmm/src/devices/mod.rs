@@ -1,5 +1,7 @@
-//! Emulated devices: the 8250 serial console, the i8042 reset port, virtio-mmio and vsock.
+//! Emulated devices: the 8250 serial console, the i8042 reset port, virtio-mmio, virtio-blk
+//! and vsock.
 
+pub mod block;
 pub mod i8042;
 pub mod serial;
 pub mod virtio;

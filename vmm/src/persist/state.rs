@@ -9,6 +9,8 @@ use super::vcpu::{VcpuCaps, VcpuState};
 use super::vm_state::VmState;
 use super::PersistError;
 use crate::config::VmConfig;
+use crate::devices::block::disk_name;
+use crate::devices::block::persist::BlockState;
 use crate::devices::serial::persist::SerialDeviceState;
 use crate::devices::virtio::mmio::persist::MmioTransportState;
 use crate::devices::vsock::persist::VsockBackendState;
@@ -20,13 +22,14 @@ pub fn device_names(cfg: &VmConfig) -> Vec<String> {
     d
 }
 
-/// The virtio-mmio devices of a VM built from `cfg`, in bus order.
+/// The virtio-mmio devices of a VM built from `cfg`, in bus order: one `block` per disk
+/// (`/dev/vda` first), then `vsock`.
 pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
+    let mut d = vec!["block"; cfg.disks.len()];
     if cfg.vsock_uds.is_some() {
-        vec!["vsock"]
-    } else {
-        Vec::new()
+        d.push("vsock");
     }
+    d
 }
 
 /// What a snapshot of a VM built from `cfg` is keyed by.
@@ -43,6 +46,8 @@ pub fn snapshot_key(cfg: &VmConfig) -> SnapshotKey {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum VirtioDeviceState {
+    /// A virtio-blk disk (its size and mode are checked against the reopened file).
+    Block(BlockState),
     /// The vsock device (its backend; connections are reset on restore).
     Vsock(VsockBackendState),
 }
@@ -51,6 +56,7 @@ impl VirtioDeviceState {
     /// The device name used in the key's device set.
     pub fn name(&self) -> &'static str {
         match self {
+            VirtioDeviceState::Block(_) => "block",
             VirtioDeviceState::Vsock(_) => "vsock",
         }
     }
@@ -90,8 +96,9 @@ pub struct SnapshotState {
 
 impl SnapshotState {
     /// Checks the state against the VM `cfg` describes and this host's `caps`: vCPU count and
-    /// order, every vCPU's bounds, VM state, and the virtio device list. Device registers
-    /// are checked again by each device's own restore, before the device is built.
+    /// order, every vCPU's bounds, VM state, the virtio device list, each disk's mode and the
+    /// vsock CID. Device registers (and each disk's size, against its reopened file) are
+    /// checked again by each device's own restore, before the device is built.
     pub fn validate(&self, cfg: &VmConfig, caps: &VcpuCaps) -> Result<(), PersistError> {
         if self.vcpus.len() != usize::from(cfg.vcpus) {
             return Err(PersistError::mismatch(
@@ -107,6 +114,21 @@ impl SnapshotState {
             v.validate(i as u32, caps)?;
         }
         self.vm.validate()?;
+        let disks = self
+            .devices
+            .virtio
+            .iter()
+            .filter(|s| matches!(s.device, VirtioDeviceState::Block(_)))
+            .count();
+        if disks != cfg.disks.len() {
+            return Err(PersistError::mismatch(
+                "block",
+                format!(
+                    "{disks} disks in the snapshot, {} configured",
+                    cfg.disks.len()
+                ),
+            ));
+        }
         let want = virtio_device_names(cfg);
         let have: Vec<&str> = self
             .devices
@@ -120,8 +142,27 @@ impl SnapshotState {
                 format!("devices {have:?} in the state, {want:?} configured"),
             ));
         }
+        let mut disk_cfgs = cfg.disks.iter().enumerate();
         for slot in &self.devices.virtio {
             match &slot.device {
+                VirtioDeviceState::Block(b) => {
+                    // The device list matched, so there is a configured disk for each.
+                    if let Some((i, d)) = disk_cfgs.next() {
+                        if d.read_only != b.read_only {
+                            let mode = |ro| if ro { "read-only" } else { "read-write" };
+                            return Err(PersistError::mismatch(
+                                "block",
+                                format!(
+                                    "disk {i} ({}, {}) is {} in the snapshot, {} configured",
+                                    disk_name(i),
+                                    d.path.display(),
+                                    mode(b.read_only),
+                                    mode(d.read_only)
+                                ),
+                            ));
+                        }
+                    }
+                }
                 VirtioDeviceState::Vsock(b) if b.cid != cfg.vsock_cid => {
                     return Err(PersistError::mismatch(
                         "vsock",
@@ -229,6 +270,69 @@ mod tests {
         assert!(swapped.validate(&cfg(2, true), &caps()).is_err());
         // No vsock in a config without one.
         state(1, false).validate(&cfg(1, false), &caps()).unwrap();
+    }
+
+    fn block_slot(transport: &MmioTransportState, read_only: bool) -> VirtioSlotState {
+        VirtioSlotState {
+            transport: transport.clone(),
+            device: VirtioDeviceState::Block(BlockState {
+                capacity: 8,
+                read_only,
+                acked_features: 0,
+                queue: None,
+                broken: None,
+                reads: 0,
+                writes: 0,
+                flushes: 0,
+                errors: 0,
+            }),
+        }
+    }
+
+    #[test]
+    fn disks_come_before_vsock_and_must_match() {
+        use crate::config::DiskConfig;
+        let disk = |p: &str, read_only| DiskConfig {
+            path: p.into(),
+            read_only,
+        };
+        let mut c = cfg(1, true);
+        c.disks = vec![disk("/sys.img", true), disk("/data.img", false)];
+        assert_eq!(
+            snapshot_key(&c).devices,
+            ["serial", "i8042", "block", "block", "vsock"]
+        );
+        let mut s = state(1, true);
+        let t = s.devices.virtio[0].transport.clone();
+        s.devices
+            .virtio
+            .splice(0..0, [block_slot(&t, true), block_slot(&t, false)]);
+        let back: SnapshotState = decode_state(&encode_state(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        back.validate(&c, &caps()).unwrap();
+        // Fewer or more disks configured.
+        let mut fewer = c.clone();
+        fewer.disks.pop();
+        let e = back.validate(&fewer, &caps()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("2 disks in the snapshot, 1 configured"),
+            "{e}"
+        );
+        assert!(back.validate(&cfg(1, true), &caps()).is_err());
+        // Another mode.
+        let mut flipped = c.clone();
+        flipped.disks[1].read_only = true;
+        let e = back.validate(&flipped, &caps()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("disk 1 (vdb, /data.img) is read-write in the snapshot"),
+            "{e}"
+        );
+        // Disks after vsock are out of order.
+        let mut misordered = s.clone();
+        misordered.devices.virtio.rotate_left(1);
+        assert!(misordered.validate(&c, &caps()).is_err());
     }
 
     #[test]

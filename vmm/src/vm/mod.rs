@@ -1,14 +1,23 @@
-//! Building one VM (KVM, memory, devices, boot or [`restore`]) and running it to an outcome,
-//! taking [`snapshot`]s on request.
+//! Building one VM and running it to an outcome, taking snapshots on request.
+//!
+//! A VM is built in one of two ways, each readable on its own: `builder` boots a kernel
+//! with new devices; `restore` rebuilds a saved VM from a snapshot, each device from its
+//! own `persist` state. Both share the KVM setup (`kvm`) and device attachment
+//! (`devices`: bus layout, IRQs, the disks before vsock). [`Vm::spawn`] then starts the
+//! threads and [`Running`] waits for the outcome.
 
+mod builder;
+mod devices;
+mod kvm;
 mod restore;
 mod snapshot;
 
+pub use kvm::open_kvm;
 pub use snapshot::SnapshotReport;
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::{AsRawFd, RawFd};
+use std::fs::{self, File};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::io::RawFd;
 use std::os::unix::net::UnixListener;
 use std::os::unix::thread::JoinHandleExt;
 use std::path::Path;
@@ -18,36 +27,19 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{
-    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
-};
-use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::eventfd::EventFd;
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 
-use crate::boot;
-use crate::bus::Bus;
-use crate::config::{build_cmdline, ConfigError, MmioAnnouncement, VmConfig};
+use self::devices::{DeviceSet, VirtioSlot};
+use crate::config::{ConfigError, VmConfig};
 use crate::control::{ControlCommand, LineReader};
-use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use crate::devices::serial::{
-    ConsoleLog, ConsoleTail, SerialDevice, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_LEN,
-};
-use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::Interrupt;
-use crate::devices::vsock::muxer::Muxer;
-use crate::devices::vsock::{VsockBackend, VsockDevice};
+use crate::devices::serial::{ConsoleTail, SerialDevice};
 use crate::exit::{ExitCode, Outcome, VmEvent};
-use crate::memory::{
-    create_guest_memory, GuestMem, KVM_TSS_ADDRESS, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
-    VIRTIO_MMIO_SIZE,
-};
+use crate::memory::GuestMem;
 use crate::persist::format::SnapshotKey;
-use crate::persist::state::{snapshot_key, VirtioDeviceState};
 use crate::persist::vcpu::VcpuCaps;
-use crate::persist::PersistError;
+use crate::seccomp::DiskFd;
 use crate::status::StatusWriter;
-use crate::vcpu::{configure_vcpu, kick_signal, VcpuCommand, VcpuRunner};
+use crate::vcpu::{kick_signal, VcpuCommand, VcpuRunner};
 
 /// How long after "Kernel panic" on the console we wait for the guest's reset.
 pub const PANIC_GRACE: Duration = Duration::from_secs(3);
@@ -85,32 +77,9 @@ fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> VmError {
     move |e| VmError::Setup(format!("{what}: {e}"))
 }
 
-/// Opens /dev/kvm and checks the capabilities the VMM relies on.
-pub fn open_kvm() -> Result<Kvm, VmError> {
-    let kvm =
-        Kvm::new().map_err(|e| VmError::KvmUnavailable(format!("cannot open /dev/kvm: {e}")))?;
-    if kvm.get_api_version() != 12 {
-        return Err(VmError::KvmUnavailable(format!(
-            "unsupported KVM API version {}",
-            kvm.get_api_version()
-        )));
-    }
-    for (cap, name) in [
-        (Cap::Irqchip, "IRQCHIP"),
-        (Cap::Pit2, "PIT2"),
-        (Cap::Irqfd, "IRQFD"),
-        (Cap::ImmediateExit, "IMMEDIATE_EXIT"),
-        (Cap::UserMemory, "USER_MEMORY"),
-        (Cap::SetTssAddr, "SET_TSS_ADDR"),
-        (Cap::ExtCpuid, "EXT_CPUID"),
-    ] {
-        if !kvm.check_extension(cap) {
-            return Err(VmError::KvmUnavailable(format!(
-                "missing capability KVM_CAP_{name}"
-            )));
-        }
-    }
-    Ok(kvm)
+/// Guest memory of a VM built from `cfg`, in bytes.
+fn memory_size(cfg: &VmConfig) -> u64 {
+    u64::from(cfg.memory_mb) << 20
 }
 
 /// Binds the per-VM vsock Unix socket (replacing a stale socket file, never another file).
@@ -129,17 +98,6 @@ pub fn bind_vsock_socket(path: &Path) -> Result<UnixListener, VmError> {
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))
         .map_err(setup("chmod vsock socket"))?;
     Ok(l)
-}
-
-/// A virtio-mmio slot as the snapshot code sees it: the transport and the device's backend.
-pub(crate) struct VirtioSlot {
-    transport: Arc<Mutex<MmioTransport>>,
-    backend: VirtioBackend,
-}
-
-/// The state-holding part of a virtio device.
-pub(crate) enum VirtioBackend {
-    Vsock(Arc<Mutex<VsockBackend>>),
 }
 
 /// How long a restore took, for the `restored` status event.
@@ -163,16 +121,9 @@ pub struct Vm {
     vm_fd: VmFd,
     mem: GuestMem,
     vcpus: Vec<VcpuFd>,
-    pio: Arc<Bus>,
-    mmio: Arc<Bus>,
-    serial: Arc<Mutex<SerialDevice>>,
-    console_tail: Arc<Mutex<ConsoleTail>>,
-    console_fd: RawFd,
-    virtio: Vec<VirtioSlot>,
-    muxer: Option<Muxer>,
+    devices: DeviceSet,
     events_tx: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
-    stop: Arc<AtomicBool>,
     key: SnapshotKey,
     caps: Arc<VcpuCaps>,
 }
@@ -198,214 +149,39 @@ fn probe_caps(kvm: &Kvm, cfg: &VmConfig) -> Result<VcpuCaps, VmError> {
 }
 
 impl Vm {
-    /// Builds everything up to (not including) the first KVM_RUN: boots `cfg.kernel`, or,
-    /// with `cfg.restore`, loads, verifies and validates that snapshot first (refusing it
-    /// with [`VmError::Snapshot`] before anything is created) and restores from it.
+    /// Builds everything up to (not including) the first KVM_RUN: boots `cfg.kernel`
+    /// (`builder`), or, with `cfg.restore`, loads, verifies and validates that snapshot
+    /// first (refusing it with [`VmError::Snapshot`] before anything is created) and
+    /// restores from it (`restore`).
     pub fn build(cfg: &VmConfig) -> Result<Vm, VmError> {
         let t0 = Instant::now();
         cfg.validate()?;
         let kvm = open_kvm()?;
         let caps = probe_caps(&kvm, cfg)?;
-        let t_load = Instant::now();
-        let snap = match &cfg.restore {
-            Some(dir) => Some(restore::load(cfg, dir, &caps)?),
-            None => None,
-        };
-        let verify = t_load.elapsed();
-        let vm_fd = kvm
-            .create_vm()
-            .map_err(|e| VmError::KvmUnavailable(format!("KVM_CREATE_VM: {e}")))?;
-        vm_fd
-            .set_tss_address(KVM_TSS_ADDRESS)
-            .map_err(setup("KVM_SET_TSS_ADDR"))?;
-        vm_fd
-            .create_irq_chip()
-            .map_err(setup("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        vm_fd.create_pit2(pit).map_err(setup("KVM_CREATE_PIT2"))?;
-
-        let size = u64::from(cfg.memory_mb) << 20;
-        let mem = match &snap {
-            Some(s) => restore::map_memory(s, size)?,
-            None => create_guest_memory(size).map_err(setup("guest memory"))?,
-        };
-        for (slot, region) in mem.iter().enumerate() {
-            let r = kvm_userspace_memory_region {
-                slot: slot as u32,
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-                flags: 0,
-            };
-            // SAFETY: the region is a live mmap owned by `mem`, which the Vm keeps alive for
-            // as long as the VM fd (both are dropped together, after all vCPU threads stop or
-            // the process exits); the range does not overlap another slot.
-            unsafe { vm_fd.set_user_memory_region(r) }
-                .map_err(setup("KVM_SET_USER_MEMORY_REGION"))?;
+        match &cfg.restore {
+            Some(dir) => restore::restore(cfg, dir, kvm, caps, t0),
+            None => builder::boot(cfg, kvm, caps, t0),
         }
-
-        let (events_tx, events_rx) = channel();
-        let mut pio = Bus::new();
-        let mut mmio = Bus::new();
-        let snap_err = |e: PersistError| VmError::Snapshot(e.to_string());
-
-        // Serial console.
-        let console_file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&cfg.console_log)
-            .map_err(|e| {
-                VmError::Setup(format!("console log {}: {e}", cfg.console_log.display()))
-            })?;
-        let console_fd = console_file.as_raw_fd();
-        let console = ConsoleLog::new(Some(console_file), Some(events_tx.clone()));
-        let console_tail = console.tail();
-        let serial_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
-        vm_fd
-            .register_irqfd(&serial_evt, SERIAL_IRQ)
-            .map_err(setup("KVM_IRQFD (serial)"))?;
-        let serial_dev = match &snap {
-            Some(s) => SerialDevice::restore(&s.state.devices.serial, serial_evt, console)
-                .map_err(snap_err)?,
-            None => SerialDevice::new(serial_evt, console),
-        };
-        let serial = Arc::new(Mutex::new(serial_dev));
-        pio.insert(serial.clone(), SERIAL_PORT_BASE, SERIAL_PORT_LEN)
-            .map_err(setup("serial"))?;
-        pio.insert(
-            Arc::new(Mutex::new(I8042::new(events_tx.clone()))),
-            I8042_BASE,
-            I8042_LEN,
-        )
-        .map_err(setup("i8042"))?;
-
-        // virtio devices (only vsock so far), in the order of `virtio_device_names`.
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut announcements = Vec::new();
-        let mut muxer = None;
-        let mut virtio = Vec::new();
-        if let Some(path) = &cfg.vsock_uds {
-            let index = virtio.len();
-            let saved = match &snap {
-                Some(s) => Some(s.state.devices.virtio.get(index).ok_or_else(|| {
-                    VmError::Snapshot(format!("no state for virtio device {index}"))
-                })?),
-                None => None,
-            };
-            let listener = bind_vsock_socket(path)?;
-            let base = VIRTIO_MMIO_BASE + index as u64 * VIRTIO_MMIO_SIZE;
-            let irq_num = VIRTIO_IRQ_BASE + index as u32;
-            let irq_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?;
-            vm_fd
-                .register_irqfd(&irq_evt, irq_num)
-                .map_err(setup("KVM_IRQFD (vsock)"))?;
-            let irq = Arc::new(Interrupt::new(irq_evt));
-            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
-            let (backend, transport) = match saved {
-                Some(slot) => {
-                    let VirtioDeviceState::Vsock(bs) = &slot.device;
-                    // The host ends of saved connections are gone: they are reset.
-                    let mut b = VsockBackend::restore(
-                        bs,
-                        mem.clone(),
-                        irq.clone(),
-                        Some(events_tx.clone()),
-                        |_| None,
-                    )
-                    .map_err(snap_err)?;
-                    b.rearm_guest_ready();
-                    let backend = Arc::new(Mutex::new(b));
-                    let dev = VsockDevice::new(backend.clone(), kick.clone());
-                    let t =
-                        MmioTransport::restore(Box::new(dev), mem.clone(), irq, &slot.transport)
-                            .map_err(snap_err)?;
-                    // Let the muxer look at the queues (and send the resets) at once.
-                    kick.write(1).map_err(setup("eventfd"))?;
-                    (backend, t)
-                }
-                None => {
-                    let backend = Arc::new(Mutex::new(VsockBackend::new(
-                        cfg.vsock_cid,
-                        irq.clone(),
-                        Some(events_tx.clone()),
-                    )));
-                    let dev = VsockDevice::new(backend.clone(), kick.clone());
-                    (
-                        backend.clone(),
-                        MmioTransport::new(Box::new(dev), mem.clone(), irq),
-                    )
-                }
-            };
-            let transport = Arc::new(Mutex::new(transport));
-            mmio.insert(transport.clone(), base, VIRTIO_MMIO_SIZE)
-                .map_err(setup("virtio-mmio"))?;
-            announcements.push(MmioAnnouncement { base, irq: irq_num });
-            muxer = Some(
-                Muxer::new(listener, kick, backend.clone(), stop.clone())
-                    .map_err(setup("vsock muxer"))?,
-            );
-            virtio.push(VirtioSlot {
-                transport,
-                backend: VirtioBackend::Vsock(backend),
-            });
-        }
-
-        // vCPUs.
-        let mut vcpus = Vec::with_capacity(usize::from(cfg.vcpus));
-        for i in 0..cfg.vcpus {
-            vcpus.push(
-                vm_fd
-                    .create_vcpu(u64::from(i))
-                    .map_err(setup("KVM_CREATE_VCPU"))?,
-            );
-        }
-        let cmdline = match &snap {
-            Some(s) => {
-                restore::restore_cpu_state(&vm_fd, &vcpus, &s.state)?;
-                String::new()
-            }
-            None => boot_kernel(&kvm, &mem, cfg, &vcpus, &announcements)?,
-        };
-        let setup_time = t0.elapsed();
-        Ok(Vm {
-            cmdline,
-            setup_time,
-            restored: snap.map(|_| RestoreTimes {
-                verify,
-                restore: t_load.elapsed().saturating_sub(verify),
-            }),
-            kvm,
-            vm_fd,
-            mem,
-            vcpus,
-            pio: Arc::new(pio),
-            mmio: Arc::new(mmio),
-            serial,
-            console_tail,
-            console_fd,
-            virtio,
-            muxer,
-            events_tx,
-            events_rx,
-            stop,
-            key: snapshot_key(cfg),
-            caps: Arc::new(caps),
-        })
     }
 
     /// Spawns the vCPU, muxer and (with `control`, the rest of the config fd) control
     /// threads; they block until [`Running::release`].
     pub fn spawn(self, control: Option<LineReader<File>>) -> Result<Running, VmError> {
         crate::vcpu::install_kick_handler().map_err(setup("signal handler"))?;
-        let n_threads = self.vcpus.len()
-            + usize::from(self.muxer.is_some())
-            + usize::from(control.is_some())
-            + 1;
+        let disk_fds = self.devices.disk_fds();
+        let DeviceSet {
+            pio,
+            mmio,
+            serial,
+            console_tail,
+            console_fd,
+            virtio,
+            muxer,
+            stop,
+        } = self.devices;
+        let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
+        let n_threads =
+            self.vcpus.len() + usize::from(muxer.is_some()) + usize::from(control.is_some()) + 1;
         // Two rendezvous: every thread has finished its start-up syscalls (so TSYNC covers a
         // fully started thread), then the filter is installed, then the guest runs.
         let arrived = Arc::new(Barrier::new(n_threads));
@@ -417,10 +193,10 @@ impl Vm {
             let runner = VcpuRunner {
                 id: i as u8,
                 fd,
-                pio: self.pio.clone(),
-                mmio: self.mmio.clone(),
+                pio: pio.clone(),
+                mmio: mmio.clone(),
                 events: self.events_tx.clone(),
-                stop: self.stop.clone(),
+                stop: stop.clone(),
                 commands: cmd_rx,
                 caps: self.caps.clone(),
                 mem: self.mem.clone(),
@@ -435,7 +211,7 @@ impl Vm {
             vcpu_cmds.push(cmd_tx);
         }
         let mut muxer_thread = None;
-        if let Some(m) = self.muxer {
+        if let Some(m) = muxer {
             let (a, b) = (arrived.clone(), start.clone());
             muxer_thread = Some(
                 std::thread::Builder::new()
@@ -466,11 +242,12 @@ impl Vm {
             vm_fd: self.vm_fd,
             mem: self.mem,
             events_rx: self.events_rx,
-            serial: self.serial,
-            console_tail: self.console_tail,
-            console_fd: self.console_fd,
-            virtio: self.virtio,
-            stop: self.stop,
+            serial,
+            console_tail,
+            console_fd,
+            disk_fds,
+            virtio,
+            stop,
             vcpu_threads,
             vcpu_cmds,
             _muxer_thread: muxer_thread,
@@ -478,40 +255,6 @@ impl Vm {
             key: self.key,
         })
     }
-}
-
-/// Boots `cfg.kernel`: loads kernel and initramfs, writes the command line, boot params, GDT
-/// and page tables, and sets up every vCPU for 64-bit entry. Returns the command line.
-fn boot_kernel(
-    kvm: &Kvm,
-    mem: &GuestMem,
-    cfg: &VmConfig,
-    vcpus: &[VcpuFd],
-    announcements: &[MmioAnnouncement],
-) -> Result<String, VmError> {
-    let tsc_khz = if cfg.vcpus > 1 {
-        vcpus.first().and_then(|v| v.get_tsc_khz().ok())
-    } else {
-        None
-    };
-    let cmdline = build_cmdline(cfg, tsc_khz, announcements)?;
-    let kernel = boot::load_kernel(mem, &cfg.kernel).map_err(setup("kernel"))?;
-    let initrd = match &cfg.initramfs {
-        Some(p) => Some(boot::load_initramfs(mem, p, &kernel).map_err(setup("initramfs"))?),
-        None => None,
-    };
-    boot::write_cmdline(mem, &cmdline).map_err(setup("cmdline"))?;
-    boot::configure_system(mem, cmdline.len(), initrd, kernel.setup_header, cfg.vcpus)
-        .map_err(setup("boot params"))?;
-    boot::write_gdt_idt(mem).map_err(setup("GDT"))?;
-    let cr3 = boot::paging::setup_identity_map(mem).map_err(setup("page tables"))?;
-    let cpuid = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
-    for (i, v) in vcpus.iter().enumerate() {
-        configure_vcpu(v, i as u8, cfg.vcpus, kernel.entry, cr3, &cpuid).map_err(setup("vCPU"))?;
-    }
-    Ok(cmdline)
 }
 
 /// A VM whose threads exist.
@@ -523,6 +266,7 @@ pub struct Running {
     serial: Arc<Mutex<SerialDevice>>,
     console_tail: Arc<Mutex<ConsoleTail>>,
     console_fd: RawFd,
+    disk_fds: Vec<DiskFd>,
     virtio: Vec<VirtioSlot>,
     stop: Arc<AtomicBool>,
     vcpu_threads: Vec<JoinHandle<()>>,
@@ -559,6 +303,11 @@ impl Running {
     /// `ftruncate`; it stays open for the VMM's lifetime).
     pub fn console_fd(&self) -> RawFd {
         self.console_fd
+    }
+
+    /// The disks' descriptors (seccomp allows their I/O syscalls on them only).
+    pub fn disk_fds(&self) -> &[DiskFd] {
+        &self.disk_fds
     }
 
     /// Flushes buffered console output to the log file.

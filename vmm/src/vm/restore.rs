@@ -1,26 +1,37 @@
 //! Restoring a VM from a snapshot directory instead of booting a kernel.
 //!
 //! [`load`] reads and verifies everything (container checksums, the memory digest, the key
-//! built from the config, the decoded state's bounds) before the VM is created; the devices
-//! then validate their own state before they are built, and KVM validates the CPU state
-//! before any vCPU runs. Any refusal is a [`VmError::Snapshot`] and the VMM exits without
-//! having run the guest.
+//! built from the config, the decoded state's bounds, the disks' count and modes) before the
+//! VM is created; the devices then validate their own state before they are built (each disk
+//! against the file the config names, reopened here), and KVM validates the CPU state before
+//! any vCPU runs. Any refusal is a [`VmError::Snapshot`] and the VMM exits without having
+//! run the guest.
 
 use std::path::Path;
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use kvm_ioctls::{VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::EventFd;
 
-use super::VmError;
+use super::devices::{open_disks, Attach, Console, VirtioBackend};
+use super::kvm::{create_vcpus, create_vm, register_memory};
+use super::{bind_vsock_socket, memory_size, setup, RestoreTimes, Vm, VmError};
 use crate::config::VmConfig;
+use crate::devices::block::{Block, BlockDevice};
+use crate::devices::serial::SerialDevice;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::vsock::{VsockBackend, VsockDevice};
 use crate::memory::{map_guest_memory_file, GuestMem};
 use crate::persist::format::{self, decode_state, MemoryCheck};
-use crate::persist::state::{snapshot_key, SnapshotState};
+use crate::persist::state::{snapshot_key, SnapshotState, VirtioDeviceState, VirtioSlotState};
 use crate::persist::vcpu::VcpuCaps;
 
 /// A verified and validated snapshot.
-pub(super) struct Loaded {
+struct Loaded {
     /// The decoded state.
-    pub state: SnapshotState,
+    state: SnapshotState,
     /// The verified memory file.
     memory: format::LoadedSnapshot,
 }
@@ -29,8 +40,126 @@ fn refused(e: impl std::fmt::Display) -> VmError {
     VmError::Snapshot(e.to_string())
 }
 
+/// Builds the VM saved in `dir` for a VM configured by `cfg` (everything up to, not
+/// including, the first KVM_RUN).
+pub(super) fn restore(
+    cfg: &VmConfig,
+    dir: &Path,
+    kvm: Kvm,
+    caps: VcpuCaps,
+    t0: Instant,
+) -> Result<Vm, VmError> {
+    let t_load = Instant::now();
+    let snap = load(cfg, dir, &caps)?;
+    let verify = t_load.elapsed();
+    let disks = open_disks(cfg)?;
+    let vm_fd = create_vm(&kvm)?;
+    let mem = map_memory(&snap, memory_size(cfg))?;
+    register_memory(&vm_fd, &mem)?;
+
+    let saved = &snap.state.devices;
+    let mut slots = saved.virtio.iter();
+    let mut next_slot = |want: &str| {
+        slots
+            .next()
+            .ok_or_else(|| refused(format!("no state for virtio device {want}")))
+    };
+    let (events_tx, events_rx) = channel();
+    let mut devices = Attach::new(&vm_fd, Console::open(cfg, &events_tx)?);
+    devices.attach_legacy(&events_tx, |evt, log| {
+        SerialDevice::restore(&saved.serial, evt, log).map_err(refused)
+    })?;
+    for (index, disk) in disks.into_iter().enumerate() {
+        let state = next_slot("block")?;
+        let VirtioDeviceState::Block(bs) = &state.device else {
+            return Err(refused(format!(
+                "virtio device {index} is {}, not a disk",
+                state.device.name()
+            )));
+        };
+        let slot = devices.next_virtio_slot("block")?;
+        let block = Block::restore(
+            bs,
+            disk,
+            index,
+            mem.clone(),
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+        )
+        .map_err(refused)?;
+        let block = Arc::new(Mutex::new(block));
+        let transport = restore_transport(BlockDevice::new(block.clone()), &mem, &slot, state)?;
+        devices.attach_virtio(slot, transport, VirtioBackend::Block(block))?;
+    }
+    if let Some(path) = &cfg.vsock_uds {
+        let state = next_slot("vsock")?;
+        let VirtioDeviceState::Vsock(bs) = &state.device else {
+            return Err(refused(format!(
+                "the last virtio device is {}, not vsock",
+                state.device.name()
+            )));
+        };
+        let listener = bind_vsock_socket(path)?;
+        let slot = devices.next_virtio_slot("vsock")?;
+        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
+        // The host ends of saved connections are gone: they are reset.
+        let mut backend = VsockBackend::restore(
+            bs,
+            mem.clone(),
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+            |_| None,
+        )
+        .map_err(refused)?;
+        backend.rearm_guest_ready();
+        let backend = Arc::new(Mutex::new(backend));
+        let dev = VsockDevice::new(backend.clone(), kick.clone());
+        let transport = restore_transport(dev, &mem, &slot, state)?;
+        // Let the muxer look at the queues (and send the resets) at once.
+        kick.write(1).map_err(setup("eventfd"))?;
+        devices.attach_vsock(slot, transport, backend, listener, kick)?;
+    }
+
+    let vcpus = create_vcpus(&vm_fd, cfg.vcpus)?;
+    restore_cpu_state(&vm_fd, &vcpus, &snap.state)?;
+    let devices = devices.finish()?;
+    Ok(Vm {
+        cmdline: String::new(),
+        setup_time: t0.elapsed(),
+        restored: Some(RestoreTimes {
+            verify,
+            restore: t_load.elapsed().saturating_sub(verify),
+        }),
+        kvm,
+        vm_fd,
+        mem,
+        vcpus,
+        devices,
+        events_tx,
+        events_rx,
+        key: snapshot_key(cfg),
+        caps: Arc::new(caps),
+    })
+}
+
+/// The transport of a restored `device` (already restored from its own state) in `slot`.
+fn restore_transport(
+    device: impl crate::devices::virtio::VirtioDevice + 'static,
+    mem: &GuestMem,
+    slot: &super::devices::SlotWiring,
+    state: &VirtioSlotState,
+) -> Result<MmioTransport, VmError> {
+    MmioTransport::restore(
+        Box::new(device),
+        mem.clone(),
+        slot.irq.clone(),
+        &state.transport,
+    )
+    .map_err(refused)
+}
+
 /// Loads the snapshot in `dir` for a VM configured by `cfg` and checks it completely.
-pub(super) fn load(cfg: &VmConfig, dir: &Path, caps: &VcpuCaps) -> Result<Loaded, VmError> {
+fn load(cfg: &VmConfig, dir: &Path, caps: &VcpuCaps) -> Result<Loaded, VmError> {
     let key = snapshot_key(cfg);
     let snap = format::load(dir, &key, MemoryCheck::Full).map_err(refused)?;
     let state: SnapshotState = decode_state(&snap.state).map_err(refused)?;
@@ -42,7 +171,7 @@ pub(super) fn load(cfg: &VmConfig, dir: &Path, caps: &VcpuCaps) -> Result<Loaded
 }
 
 /// Maps the verified memory file as guest RAM (private, copy-on-write, lazily read).
-pub(super) fn map_memory(s: &Loaded, size: u64) -> Result<GuestMem, VmError> {
+fn map_memory(s: &Loaded, size: u64) -> Result<GuestMem, VmError> {
     let f = s.memory.memory_file.try_clone().map_err(refused)?;
     // The length was verified on this very file; check again that it still holds (a shorter
     // file would fault the guest on access).
@@ -56,13 +185,9 @@ pub(super) fn map_memory(s: &Loaded, size: u64) -> Result<GuestMem, VmError> {
     map_guest_memory_file(f, size).map_err(|e| VmError::Setup(format!("guest memory: {e}")))
 }
 
-/// Restores the CPU side, in the order that works (see `snapshot::vcpu`): CPUID on every
+/// Restores the CPU side, in the order that works (see `persist::vcpu`): CPUID on every
 /// vCPU, then PIT, clock and irqchip, then each vCPU's registers, LAPIC, MSRs and events.
-pub(super) fn restore_cpu_state(
-    vm: &VmFd,
-    vcpus: &[VcpuFd],
-    state: &SnapshotState,
-) -> Result<(), VmError> {
+fn restore_cpu_state(vm: &VmFd, vcpus: &[VcpuFd], state: &SnapshotState) -> Result<(), VmError> {
     if vcpus.len() != state.vcpus.len() {
         return Err(refused("vCPU count changed"));
     }

@@ -3,7 +3,8 @@
 //! 1. Every vCPU gets [`VcpuCommand::Pause`] and a kick; it leaves KVM_RUN, completes any
 //!    pending I/O exit, captures its own state and replies, then waits.
 //! 2. The main thread locks the serial port and every virtio transport and backend. The vsock
-//!    muxer touches the backend and guest memory only under the backend lock, so the devices
+//!    muxer touches the backend and guest memory only under the backend lock, and disk
+//!    requests run inside a vCPU's MMIO exit (completed before it paused), so the devices
 //!    and guest memory are quiescent while the locks are held.
 //! 3. VM state (irqchip, PIT, clock) and device state are captured, the state blob and the
 //!    memory file written ([`crate::persist::format::save`]).
@@ -14,7 +15,9 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
-use super::{Running, VirtioBackend};
+use super::devices::VirtioBackend;
+use super::Running;
+use crate::devices::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::VsockBackend;
 use crate::persist::format::{encode_state, save};
@@ -60,6 +63,7 @@ impl Drop for ResumeGuard<'_> {
 
 /// A virtio slot's locks, transport first (the order the vCPU threads take them in).
 enum SlotGuard<'a> {
+    Block(MutexGuard<'a, MmioTransport>, MutexGuard<'a, Block>),
     Vsock(MutexGuard<'a, MmioTransport>, MutexGuard<'a, VsockBackend>),
 }
 
@@ -103,6 +107,10 @@ impl Running {
             .virtio
             .iter()
             .map(|s| match &s.backend {
+                VirtioBackend::Block(b) => SlotGuard::Block(
+                    s.transport.lock().unwrap_or_else(|p| p.into_inner()),
+                    crate::devices::block::lock(b),
+                ),
                 VirtioBackend::Vsock(b) => SlotGuard::Vsock(
                     s.transport.lock().unwrap_or_else(|p| p.into_inner()),
                     crate::devices::vsock::lock(b),
@@ -115,6 +123,10 @@ impl Running {
             virtio: slots
                 .iter()
                 .map(|g| match g {
+                    SlotGuard::Block(t, b) => VirtioSlotState {
+                        transport: t.save(),
+                        device: VirtioDeviceState::Block(b.save()),
+                    },
                     SlotGuard::Vsock(t, b) => VirtioSlotState {
                         transport: t.save(),
                         device: VirtioDeviceState::Vsock(b.save()),

@@ -34,8 +34,8 @@ pub enum ChainError {
     /// The chain has no usable descriptor (bad head index or unreadable table).
     #[error("empty descriptor chain")]
     Empty,
-    /// More than [`MAX_CHAIN_DESCS`] descriptors.
-    #[error("descriptor chain longer than {MAX_CHAIN_DESCS}")]
+    /// More descriptors than the device accepts ([`MAX_CHAIN_DESCS`] unless it says otherwise).
+    #[error("descriptor chain longer than the device accepts")]
     TooLong,
     /// The chain loops, or its `next` index is out of range.
     #[error("descriptor chain loops or has an invalid next index")]
@@ -70,10 +70,26 @@ pub fn pop_chain<'a>(
     Ok(iter.next())
 }
 
-/// Walks and validates a chain. Returns the head index and the descriptors.
+/// Walks and validates a chain of at most [`MAX_CHAIN_DESCS`] descriptors. Returns the head
+/// index and the descriptors.
 pub fn collect_chain<M>(
     mem: &GuestMem,
     chain: DescriptorChain<M>,
+) -> Result<(u16, Vec<Desc>), ChainError>
+where
+    M: Deref,
+    M::Target: GuestMemory,
+{
+    collect_chain_bounded(mem, chain, MAX_CHAIN_DESCS)
+}
+
+/// [`collect_chain`] with its own bound: a chain of more than `max_descs` descriptors is
+/// [`ChainError::TooLong`]. (virtio-queue's iterator also stops after the queue size, which
+/// a loop hits: [`ChainError::Truncated`].)
+pub fn collect_chain_bounded<M>(
+    mem: &GuestMem,
+    chain: DescriptorChain<M>,
+    max_descs: usize,
 ) -> Result<(u16, Vec<Desc>), ChainError>
 where
     M: Deref,
@@ -85,7 +101,7 @@ where
     let mut seen_writable = false;
     let mut total: u64 = 0;
     for d in chain {
-        if descs.len() == MAX_CHAIN_DESCS {
+        if descs.len() >= max_descs {
             return Err(ChainError::TooLong);
         }
         let desc = Desc {
