@@ -127,6 +127,7 @@ fn part2() {
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
     let exec = Arc::new(VmExecutor {
+        node_vms: Default::default(),
         image,
         launcher: VmmLauncher::Program {
             path: exe,

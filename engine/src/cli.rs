@@ -42,6 +42,11 @@ pub enum Command {
     Snapshot(crate::snapshot::cli::SnapshotCommand),
     /// Run one command in a fresh micro-VM (`voidbox run -- CMD [ARGS…]`).
     Run(crate::run::RunArgs),
+    /// Pull an OCI image into the cache and convert it to a read-only erofs disk.
+    Pull(crate::oci::cli::PullArgs),
+    /// Manage the OCI image cache.
+    #[command(subcommand)]
+    Oci(crate::oci::cli::OciCommand),
     /// Internal: run the VMM for one VM in this process (started by the engine).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -152,6 +157,8 @@ pub fn main() -> ExitCode {
         Command::Image(cmd) => crate::image::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),
+        Command::Pull(args) => crate::oci::cli::pull_cmd(&args),
+        Command::Oci(cmd) => crate::oci::cli::run_cli(cmd),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
     }
 }

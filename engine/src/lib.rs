@@ -18,6 +18,7 @@
 //! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
 //! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
 //! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
+//! | [`oci`] | OCI images: pulls for `sandbox.image`, `voidbox pull` and `voidbox oci` |
 //! | [`suggest`] | "did you mean" suggestions |
 //! | [`limits`] | the one set of memory, vCPU and timeout limits every layer uses |
 //! | [`names`] | which names are refused, and how a name becomes a host file name |
@@ -28,6 +29,7 @@ pub mod diagnostic;
 pub mod image;
 pub mod limits;
 pub mod names;
+pub mod oci;
 pub mod plan;
 pub mod run;
 pub mod sandbox;

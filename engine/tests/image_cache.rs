@@ -1,14 +1,16 @@
 //! `voidbox image ls|verify|rm` on a temporary cache holding a synthetic (but
-//! structurally complete) image. No kernel build, no VM.
+//! structurally complete) image: a fake kernel, a real erofs system disk (`mkfs.erofs`).
+//! No kernel build, no VM.
 
 use std::path::Path;
 use std::process::Command;
 
 use voidbox::image::manifest::{
     content_hash, sha256_hex, Artifact, ImageInputs, KernelInputs, KernelManifest, Manifest,
-    CONFIG_FILE, INITRAMFS_FILE, MANIFEST_FILE, VMLINUX_FILE,
+    AGENT_FILE, CONFIG_FILE, FORMAT, INITRAMFS_FILE, LEGACY_FORMAT, MANIFEST_FILE,
+    SYSTEM_DISK_FILE, VMLINUX_FILE,
 };
-use voidbox::image::{initramfs, Profile};
+use voidbox::image::{erofs, layout, recipe, Profile};
 
 /// ELF64 x86-64 executable header + one PT_NOTE with a PVH entry note.
 fn fake_vmlinux() -> Vec<u8> {
@@ -42,10 +44,7 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         .iter()
         .map(|a| format!("bin/{a}"))
         .collect();
-    let cpio = initramfs::build(agent, b"\x7fELFbusybox", &applets)
-        .unwrap()
-        .to_bytes()
-        .unwrap();
+    let tree = layout::build(agent, b"\x7fELFbusybox", &applets).unwrap();
     let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
     let kin = KernelInputs {
         builder_version: 1,
@@ -64,18 +63,22 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         busybox_sha256: sha256_hex(b"bb"),
         busybox_version: "test".into(),
         strip: "test".into(),
+        erofs_utils_version: Some("test".into()),
     };
     let hash = content_hash(&inputs);
     let dir = root.join("images").join(&hash);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(VMLINUX_FILE), fake_vmlinux()).unwrap();
-    std::fs::write(dir.join(INITRAMFS_FILE), &cpio).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    erofs::build(&tree, scratch.path(), &dir.join(SYSTEM_DISK_FILE))
+        .expect("mkfs.erofs is needed (Debian: erofs-utils)");
+    std::fs::write(dir.join(AGENT_FILE), agent).unwrap();
     std::fs::write(dir.join(CONFIG_FILE), config).unwrap();
     let m = Manifest {
-        format: 1,
+        format: FORMAT,
         hash: hash.clone(),
         profile: Profile::Compat,
-        cmdline: Profile::Compat.cmdline().into(),
+        cmdline: recipe::image_cmdline(Profile::Compat),
         kernel: KernelManifest {
             release: "6.1.0-test".into(),
             source_package: kin.source_package.clone(),
@@ -89,9 +92,11 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         guest_agent_sha256: inputs.guest_agent_sha256.clone(),
         init_sha256: sha256_hex(agent),
         busybox_version: "test".into(),
-        path_programs: None,
+        path_programs: Some(layout::path_programs(&tree)),
         vmlinux: Artifact::of(&dir, VMLINUX_FILE).unwrap(),
-        initramfs: Artifact::of(&dir, INITRAMFS_FILE).unwrap(),
+        initramfs: None,
+        system_disk: Some(Artifact::of(&dir, SYSTEM_DISK_FILE).unwrap()),
+        agent: Some(Artifact::of(&dir, AGENT_FILE).unwrap()),
         config: Artifact::of(&dir, CONFIG_FILE).unwrap(),
         inputs,
         kernel_inputs: kin,
@@ -100,6 +105,14 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
     };
     std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
     hash
+}
+
+/// Loads, edits and rewrites the manifest of image `hash`.
+fn rewrite_manifest(root: &Path, hash: &str, edit: impl FnOnce(&mut Manifest)) {
+    let dir = root.join("images").join(hash);
+    let mut m = Manifest::load(&dir).unwrap();
+    edit(&mut m);
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
 }
 
 fn voidbox(root: &Path, args: &[&str]) -> (i32, String, String) {
@@ -141,16 +154,40 @@ fn ls_verify_rm_on_a_temp_cache() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert_eq!(v[0]["profile"], "compat");
+    assert_eq!(v[0]["layout"], "system-disk");
+    let disk_size = std::fs::metadata(root.join("images").join(&a).join(SYSTEM_DISK_FILE))
+        .unwrap()
+        .len();
+    assert!(v
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["system_disk_size"] == disk_size));
+    let (code, out, _) = voidbox(root, &["ls"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("SYSTEM DISK"), "{out}");
 
-    // Tampering is caught: one changed initramfs byte.
-    let cpio = root.join("images").join(&a).join(INITRAMFS_FILE);
-    let mut bytes = std::fs::read(&cpio).unwrap();
-    let last = bytes.len() - 20;
-    bytes[last] ^= 1;
-    std::fs::write(&cpio, bytes).unwrap();
+    // Tampering is caught: one changed byte in the system disk's file data, and a disk
+    // whose hash is right but whose agent is not the recorded one.
+    let disk = root.join("images").join(&a).join(SYSTEM_DISK_FILE);
+    let mut bytes = std::fs::read(&disk).unwrap();
+    let at = bytes
+        .windows(b"agent-a".len())
+        .position(|w| w == b"agent-a")
+        .expect("the agent's bytes are on the disk, uncompressed");
+    bytes[at] ^= 1;
+    std::fs::write(&disk, &bytes).unwrap();
     let (code, out, _) = voidbox(root, &["verify", &a[..10]]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("sha256"), "{out}");
+    rewrite_manifest(root, &a, |m| {
+        if let Some(d) = m.system_disk.as_mut() {
+            d.sha256 = sha256_hex(&bytes);
+        }
+    });
+    let (code, out, _) = voidbox(root, &["verify", &a[..10]]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("guest agent differs"), "{out}");
 
     let (code, _, err) = voidbox(root, &["rm", &a[..12]]);
     assert_eq!(code, 0, "{err}");
@@ -164,4 +201,36 @@ fn ls_verify_rm_on_a_temp_cache() {
     assert_eq!(code, 0);
     let (_, out, _) = voidbox(root, &["ls", "--format", "json"]);
     assert_eq!(out.trim(), "[]");
+}
+
+/// An image of the old layout (kernel + initramfs) is listed and removable, fails
+/// verification, and is never what the engine boots.
+#[test]
+fn old_layout_images_are_listed_but_never_booted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let hash = put_image(root, b"\x7fELFagent-old");
+    let dir = root.join("images").join(&hash);
+    std::fs::write(dir.join(INITRAMFS_FILE), b"070701").unwrap();
+    let mut m = Manifest::load(&dir).unwrap();
+    m.format = LEGACY_FORMAT;
+    m.system_disk = None;
+    m.agent = None;
+    m.initramfs = Some(Artifact::of(&dir, INITRAMFS_FILE).unwrap());
+    m.inputs.erofs_utils_version = None;
+    m.hash = content_hash(&m.inputs);
+    let old_dir = root.join("images").join(&m.hash);
+    std::fs::rename(&dir, &old_dir).unwrap();
+    std::fs::write(old_dir.join(MANIFEST_FILE), m.to_json()).unwrap();
+
+    let (code, out, err) = voidbox(root, &["ls"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("old layout"), "{out}");
+    assert!(!err.contains("warning"), "{err}");
+    let (code, out, _) = voidbox(root, &["verify"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("old layout"), "{out}");
+    assert!(voidbox::sandbox::GuestImage::from_cached(&old_dir, &m).is_none());
+    let (code, _, err) = voidbox(root, &["rm", &m.hash[..12]]);
+    assert_eq!(code, 0, "{err}");
 }

@@ -1,5 +1,6 @@
-//! Guest init duties when the agent is PID 1: mounts, hostname, loopback, hardening
-//! sysctls, hiding the session secret, and powering the VM off.
+//! Guest init duties when the agent is PID 1: a writable root over the read-only system
+//! disk, mounts, hostname, loopback, hardening sysctls, hiding the session secret, boot
+//! timestamps, and powering the VM off.
 //!
 //! Everything here is best effort: a missing filesystem type (e.g. a kernel without
 //! sysfs) is logged and skipped, because PID 1 must never exit.
@@ -7,9 +8,134 @@
 use std::ffi::CString;
 use std::io;
 use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::cmdline::ShutdownMode;
+use crate::mount;
 use crate::spawn::SANDBOX;
+
+/// `statfs` magic of erofs (`EROFS_SUPER_MAGIC_V1`): the system disk.
+pub const EROFS_SUPER_MAGIC: i64 = 0xE0F5_E1E2;
+/// Where the writable root's tmpfs is mounted on the system disk before the pivot (the
+/// disk's `/run`, empty; the agent mounts a fresh tmpfs on the new root's `/run` after).
+const OVERLAY_BASE: &str = "/run";
+
+/// Boot steps and the guest's uptime when each was reached.
+static BOOT_MARKS: Mutex<Vec<(&'static str, Duration)>> = Mutex::new(Vec::new());
+
+/// The guest's uptime (`CLOCK_BOOTTIME`: the clock of the kernel's log timestamps).
+pub fn uptime() -> Duration {
+    // SAFETY: timespec is plain data filled by the kernel (the vDSO).
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or_default(),
+        u32::try_from(ts.tv_nsec).unwrap_or_default(),
+    )
+}
+
+/// Records that boot reached `step` (cheap: no system call; printed by
+/// [`log_boot_marks`] once `voidbox.debug` is known).
+pub fn boot_mark(step: &'static str) {
+    let t = uptime();
+    // TEMP: page faults
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let _ = (ru.ru_minflt, ru.ru_majflt);
+    FAULTS
+        .lock()
+        .map(|mut f| f.push((ru.ru_minflt, ru.ru_majflt)))
+        .ok();
+    if let Ok(mut m) = BOOT_MARKS.lock() {
+        m.push((step, t));
+    }
+}
+static FAULTS: Mutex<Vec<(i64, i64)>> = Mutex::new(Vec::new());
+
+/// Logs the boot steps with the guest's uptime at each (debug only): where the time from
+/// kernel start to a listening agent went.
+pub fn log_boot_marks() {
+    if !crate::debug_enabled() {
+        return;
+    }
+    if let Ok(m) = BOOT_MARKS.lock() {
+        let f = FAULTS.lock().map(|f| f.clone()).unwrap_or_default();
+        for (i, (step, t)) in m.iter().enumerate() {
+            crate::log!(
+                "boot {:>9.3} ms  {step} faults {:?} now {:.3}",
+                t.as_secs_f64() * 1e3,
+                f.get(i),
+                uptime().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// Reads the agent's own binary into the page cache in one go (a few large disk reads)
+/// instead of one small read per page fault as its code is first run.
+pub fn prefetch_self() {
+    let Some(exe) = std::env::args_os().next() else {
+        return;
+    };
+    let Ok(f) = std::fs::File::open(&exe) else {
+        return;
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or_default();
+    use std::os::fd::AsRawFd;
+    // SAFETY: readahead on a file descriptor we own; it only fills the page cache.
+    unsafe { libc::readahead(f.as_raw_fd(), 0, len as usize) };
+}
+
+/// Whether `/` is the read-only erofs system disk.
+pub fn root_is_erofs() -> bool {
+    // SAFETY: statfs is plain data filled by the kernel.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path and a valid out-pointer.
+    if unsafe { libc::statfs(c"/".as_ptr(), &mut st) } < 0 {
+        return false;
+    }
+    st.f_type as i64 == EROFS_SUPER_MAGIC
+}
+
+/// The first thing PID 1 does on the system disk: makes `/` writable by pivoting into an
+/// overlay of the read-only erofs root (lower) and a tmpfs (upper, discarded with the VM).
+/// Any path can then be created — mount points for skill disks included — while
+/// `/workspace`, `/home`, `/tmp` and `/run` get their own tmpfs mounts as before. Does
+/// nothing when the root is not erofs (an initramfs boot); on failure the root stays
+/// read-only and the failure is logged.
+pub fn writable_root() {
+    if !root_is_erofs() {
+        return;
+    }
+    if let Err(e) = overlay_root(Path::new(OVERLAY_BASE)) {
+        crate::log!("the root stays read-only: {e}");
+    }
+}
+
+/// Mounts a tmpfs on `base`, an overlay of `/` and that tmpfs on `base/root`, and pivots
+/// into it (the old root is detached).
+fn overlay_root(base: &Path) -> Result<(), String> {
+    mount::mount(
+        Path::new("tmpfs"),
+        base,
+        "tmpfs",
+        libc::MS_NOSUID | libc::MS_NODEV,
+        "mode=0755",
+    )?;
+    let (upper, work, root) = (base.join("upper"), base.join("work"), base.join("root"));
+    for d in [&upper, &work, &root] {
+        std::fs::create_dir(d).map_err(|e| format!("mkdir {}: {e}", d.display()))?;
+    }
+    let data = format!(
+        "lowerdir=/,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount::mount(Path::new("overlay"), &root, "overlay", 0, &data)?;
+    mount::pivot_into(&root)
+}
 
 struct MountSpec {
     source: &'static str,
@@ -52,13 +178,6 @@ const MOUNTS: &[MountSpec] = &[
     },
     MountSpec {
         source: "tmpfs",
-        target: "/dev/shm",
-        fstype: "tmpfs",
-        flags: NOSUID_NODEV,
-        data: "mode=1777",
-    },
-    MountSpec {
-        source: "tmpfs",
         target: "/tmp",
         fstype: "tmpfs",
         flags: NOSUID_NODEV,
@@ -91,28 +210,43 @@ fn c(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+/// Mounts `m`, creating its mount point only when it is missing (on the system disk every
+/// one exists: no extra lookups at boot).
 fn mount(m: &MountSpec) -> io::Result<()> {
-    let _ = std::fs::create_dir_all(m.target);
     let (src, tgt, fs, data) = (c(m.source)?, c(m.target)?, c(m.fstype)?, c(m.data)?);
     let data_ptr = if m.data.is_empty() {
         std::ptr::null()
     } else {
         data.as_ptr().cast()
     };
-    // SAFETY: all strings are NUL-terminated and outlive the call.
-    if unsafe { libc::mount(src.as_ptr(), tgt.as_ptr(), fs.as_ptr(), m.flags, data_ptr) } < 0 {
-        return Err(io::Error::last_os_error());
+    let attempt = || {
+        // SAFETY: all strings are NUL-terminated and outlive the call.
+        if unsafe { libc::mount(src.as_ptr(), tgt.as_ptr(), fs.as_ptr(), m.flags, data_ptr) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    match attempt() {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            std::fs::create_dir_all(m.target)?;
+            attempt()
+        }
+        r => r,
     }
-    Ok(())
 }
 
-fn chown(path: &str, uid: u32, gid: u32, mode: u32) {
+fn chown(path: &str, uid: u32, gid: u32) {
     if let Ok(p) = c(path) {
         // SAFETY: valid NUL-terminated path.
-        unsafe {
-            libc::chown(p.as_ptr(), uid, gid);
-            libc::chmod(p.as_ptr(), mode);
-        }
+        unsafe { libc::chown(p.as_ptr(), uid, gid) };
+    }
+}
+
+/// `mkdir path mode` (the umask applies); an existing directory is left as it is.
+fn mkdir(path: &str, mode: libc::mode_t) {
+    if let Ok(p) = c(path) {
+        // SAFETY: valid NUL-terminated path.
+        unsafe { libc::mkdir(p.as_ptr(), mode) };
     }
 }
 
@@ -142,17 +276,22 @@ pub fn ensure_stdio() {
 }
 
 /// Mounts the guest's filesystems (proc first: the boot parameters live there) and
-/// prepares `/workspace`, `/home/sandbox` and `/etc/voidbox`.
+/// prepares `/workspace`, `/home/sandbox`, `/dev/shm` and `/etc/voidbox`. Every system
+/// call here is interpreted guest-kernel work on some hosts, so nothing is done twice:
+/// `/workspace` gets its owner and mode from its mount options, the system disk already
+/// has `/etc/voidbox` (root, 0755), and `/dev/shm` is a directory of the devtmpfs.
 pub fn mount_filesystems() {
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0o022) };
     for m in MOUNTS {
         if let Err(e) = mount(m) {
-            // EBUSY: already mounted (e.g. the kernel's devtmpfs automount).
-            if e.raw_os_error() != Some(libc::EBUSY) {
-                crate::log!("mount {} on {}: {e}", m.fstype, m.target);
+            match e.raw_os_error() {
+                // Already mounted (e.g. the kernel's devtmpfs automount).
+                Some(libc::EBUSY) => {}
+                // A kernel without this file system (the compat kernel has no sysfs).
+                Some(libc::ENODEV) => crate::debug!("mount {} on {}: {e}", m.fstype, m.target),
+                _ => crate::log!("mount {} on {}: {e}", m.fstype, m.target),
             }
-            let _ = std::fs::create_dir_all(m.target);
         }
         if m.target == "/dev" {
             ensure_stdio();
@@ -161,11 +300,16 @@ pub fn mount_filesystems() {
     if !Path::new("/dev/ptmx").exists() {
         let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
     }
-    chown("/workspace", SANDBOX.uid, SANDBOX.gid, 0o755);
-    let _ = std::fs::create_dir_all("/home/sandbox");
-    chown("/home/sandbox", SANDBOX.uid, SANDBOX.gid, 0o700);
-    let _ = std::fs::create_dir_all("/etc/voidbox");
-    chown("/etc/voidbox", 0, 0, 0o755);
+    mkdir("/dev/shm", 0o777);
+    if let Ok(p) = c("/dev/shm") {
+        // SAFETY: valid NUL-terminated path (mkdir's mode is cut by the umask).
+        unsafe { libc::chmod(p.as_ptr(), 0o1777) };
+    }
+    mkdir("/home/sandbox", 0o700);
+    chown("/home/sandbox", SANDBOX.uid, SANDBOX.gid);
+    if !Path::new("/etc/voidbox").is_dir() {
+        let _ = std::fs::create_dir_all("/etc/voidbox");
+    }
     for (knob, value) in [
         ("/proc/sys/kernel/dmesg_restrict", "1"), // the boot log contains the command line
         ("/proc/sys/kernel/kptr_restrict", "2"),
@@ -180,6 +324,7 @@ pub fn mount_filesystems() {
 
 /// Sets the hostname (default `voidbox`) and brings up loopback.
 pub fn configure(hostname: Option<&str>) {
+    boot_mark("configure");
     let name = hostname.unwrap_or("voidbox");
     // SAFETY: pointer/length pair of a live string.
     if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
@@ -193,6 +338,7 @@ pub fn configure(hostname: Option<&str>) {
 /// Replaces `/proc/cmdline` (readable by every user) with a copy whose `voidbox.secret`
 /// value is redacted, by bind-mounting a file from `/run` over it.
 pub fn hide_cmdline_secret(raw: &str) -> io::Result<()> {
+    boot_mark("hide secret");
     let redacted: Vec<String> = crate::cmdline::split_cmdline(raw)
         .into_iter()
         .map(|t| {
@@ -205,8 +351,18 @@ pub fn hide_cmdline_secret(raw: &str) -> io::Result<()> {
         .collect();
     std::fs::create_dir_all("/run/voidbox")?;
     let path = "/run/voidbox/cmdline";
-    std::fs::write(path, redacted.join(" ") + "\n")?;
-    chown(path, 0, 0, 0o444);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Created by root (PID 1) with mode 0444: no chown/chmod after.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o444)
+            .open(path)?
+            .write_all((redacted.join(" ") + "\n").as_bytes())?;
+    }
     let (src, tgt) = (c(path)?, c("/proc/cmdline")?);
     // SAFETY: NUL-terminated strings; a bind mount ignores fstype and data.
     let rc = unsafe {

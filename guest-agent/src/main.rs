@@ -10,9 +10,15 @@ fn main() -> ExitCode {
     // SAFETY: getpid has no preconditions.
     let is_init = unsafe { libc::getpid() } == 1;
     if is_init {
+        init::boot_mark("agent started");
+        init::prefetch_self();
+        init::boot_mark("prefetched");
         init::ensure_stdio();
         // A panic must never end PID 1 (the kernel would panic): log it; the thread dies.
         std::panic::set_hook(Box::new(|info| log!("panic: {info}")));
+        // Before anything else touches the file system: `/` becomes writable.
+        init::writable_root();
+        init::boot_mark("root writable");
     }
     // Before any other thread exists: every thread inherits the blocked SIGCHLD.
     if let Err(e) = Reaper::start() {
@@ -22,7 +28,10 @@ fn main() -> ExitCode {
         }
     }
     let config = if is_init {
-        voidbox_guest_agent::disks::attach(cli::guest_config())
+        init::boot_mark("reaper started");
+        let config = cli::guest_config();
+        init::boot_mark("mounted, boot parameters read");
+        voidbox_guest_agent::disks::attach(config)
     } else {
         let flags = match cli::parse_flags(std::env::args().skip(1)) {
             Ok(f) => f,
@@ -47,6 +56,10 @@ fn main() -> ExitCode {
         }
     };
     let agent = Agent::new(config);
+    if is_init {
+        init::boot_mark("listening");
+        init::log_boot_marks();
+    }
     let Err(err) = agent.serve();
     log!("listener failed: {err}");
     if is_init {

@@ -65,11 +65,10 @@ fn assert_refused(text: &str, expected: &[(&str, usize)]) {
 #[test]
 fn sandbox_features_are_refused_with_field_and_line() {
     assert_refused(
-        "kind: pipeline\nname: p\nsandbox:\n  network: true\n  guest_image: ghcr.io/x/kernel:1\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      sandbox: {image: 'alpine:3.20'}\n    - name: b\n      run: {program: echo}\n",
+        "kind: pipeline\nname: p\nsandbox:\n  network: true\n  guest_image: ghcr.io/x/kernel:1\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      sandbox: {image: 'alpine:3.20', mounts: [{host: /, guest: /m}]}\n    - name: b\n      run: {program: echo}\n",
         &[
             ("sandbox.network", 4),
-            ("sandbox.guest_image", 5),
-            ("pipeline.boxes[0].sandbox.image", 10),
+            ("pipeline.boxes[0].sandbox.mounts", 10),
         ],
     );
 }

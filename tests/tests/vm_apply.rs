@@ -443,12 +443,12 @@ pipeline:
 #[test]
 fn mock_agent_reports_tokens_and_tool_calls() {
     let Some(image) = guest_image() else { return };
-    let cpio = std::fs::read(&image.initramfs).unwrap_or_default();
-    let needle = b"opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
+    let disk = std::fs::read(&image.system_disk).unwrap_or_default();
+    let needle = b"voidbox-mock-llm";
     assert!(
-        cpio.windows(needle.len()).any(|w| w == needle),
+        disk.windows(needle.len()).any(|w| w == needle),
         "the guest image {} has no mock LLM runtime; rebuild it with `voidbox image build`",
-        image.initramfs.display()
+        image.system_disk.display()
     );
     let dir = tempfile::tempdir().unwrap();
     let tag = tag();

@@ -77,8 +77,11 @@ pub fn skill_files(spec_dir: &Path, skills: &[SkillEntry]) -> Result<Vec<GuestFi
                     return Err(format!("skill `{text}` is not supported by `apply` yet (only `file:` and inline skills)"))
                 }
             },
-            SkillEntry::Oci(_) | SkillEntry::Mcp(_) => {
-                return Err("OCI and MCP skills are not supported by `apply` yet".into())
+            // Attached as its own disk and mounted by the guest agent at boot
+            // (`super::images`).
+            SkillEntry::Oci(_) => {}
+            SkillEntry::Mcp(_) => {
+                return Err("MCP skills are not supported by `apply` yet".into())
             }
         }
     }

@@ -23,8 +23,11 @@ const HOST_DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs attempts in fresh micro-VMs.
 pub struct VmExecutor {
-    /// Kernel + initramfs.
+    /// Kernel + system disk.
     pub image: GuestImage,
+    /// Per node: image disks, user, image environment and boot override
+    /// ([`super::images::prepare`]); nodes missing here boot `image` as is.
+    pub node_vms: std::collections::HashMap<String, super::images::NodeVm>,
     /// How VMMs are started.
     pub launcher: VmmLauncher,
     /// Boot deadline per VM.
@@ -72,7 +75,12 @@ fn sandbox_failure(e: SandboxError) -> Attempt {
 
 impl VmExecutor {
     fn config(&self, job: &Job, console: &Path) -> SandboxConfig {
-        let mut cfg = SandboxConfig::new(self.image.clone());
+        let vm = self.node_vms.get(&job.node.name);
+        let image = vm.and_then(|v| v.image.clone());
+        let mut cfg = SandboxConfig::new(image.unwrap_or_else(|| self.image.clone()));
+        if let Some(v) = vm {
+            cfg.disks = v.disks.clone();
+        }
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -137,7 +145,10 @@ impl VmExecutor {
         ),
         String,
     > {
-        let mut env: Vec<(String, String)> = Vec::new();
+        let vm = self.node_vms.get(&job.node.name);
+        // The image's `Env` first: the spec's variables override it.
+        let mut env: Vec<(String, String)> = vm.map(|v| v.env.clone()).unwrap_or_default();
+        let image_workdir = vm.and_then(|v| v.workdir.clone());
         for (k, v) in &job.node.sandbox.env {
             let v = if v.is_empty() {
                 std::env::var(k).unwrap_or_default()
@@ -156,7 +167,7 @@ impl VmExecutor {
                         program: c.program.clone(),
                         args: c.args.clone(),
                         env,
-                        workdir: c.workdir.clone(),
+                        workdir: c.workdir.clone().or(image_workdir),
                         stdin: job.input.stdin.clone().unwrap_or_default(),
                         timeout_secs: Some(job.node.timeout().secs),
                         ..ExecRequest::default()

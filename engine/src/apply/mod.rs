@@ -15,6 +15,7 @@ pub mod artifacts;
 pub mod cancel;
 pub mod data;
 pub mod executor;
+pub mod images;
 pub mod policy;
 pub mod progress;
 pub mod refusals;
@@ -178,6 +179,20 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return refusals::EXIT_REFUSED;
         }
     }
+    // Every OCI image, kernel and initramfs is fetched and checked before any VM starts.
+    let node_vms = match images::prepare(&plan, &image, opts.spec.as_deref(), ProgressMode::Auto) {
+        Ok(m) => m,
+        Err(Ok(r)) => {
+            if let Some(src) = &opts.spec {
+                eprint!("{}", refusals::render(src, &r));
+            }
+            return refusals::EXIT_REFUSED;
+        }
+        Err(Err(msg)) => {
+            eprintln!("error: {msg}");
+            return 3;
+        }
+    };
     let logs_dir = opts
         .logs_dir
         .clone()
@@ -215,8 +230,14 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 2;
         }
     };
+    for vm in node_vms.values() {
+        for n in &vm.notices {
+            progress.notice(n);
+        }
+    }
     let exec = Arc::new(executor::VmExecutor {
         image,
+        node_vms,
         launcher: VmmLauncher::default(),
         boot_timeout: opts.boot_timeout,
         logs_dir,
@@ -261,7 +282,7 @@ pub fn image_refusals(
     let programs = image
         .vmlinux
         .parent()
-        .and_then(crate::image::initramfs::image_path_programs);
+        .and_then(crate::image::layout::image_path_programs);
     let store = snapshots
         .then(|| crate::snapshot::Store::open(None).ok())
         .flatten();

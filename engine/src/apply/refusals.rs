@@ -171,6 +171,40 @@ impl<'a> Located<'a> {
     }
 }
 
+/// A field of a node that a host-side preparation step (an OCI pull) failed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeField<'f> {
+    /// `sandbox.KEY` (the node's override, else the spec's).
+    Sandbox(&'f str),
+    /// The node's skill at this index.
+    Skill(usize),
+}
+
+/// A [`Refusal`] for `field` of node `node`, located in the spec (the spec's root when the
+/// field cannot be found).
+pub fn locate(
+    plan: &Plan,
+    src: &SpecSource,
+    node: &str,
+    field: NodeField<'_>,
+    message: String,
+    help: &str,
+) -> Refusal {
+    let at = Located::of(src, plan.kind, node);
+    let found = match field {
+        NodeField::Sandbox(key) => at.sandbox_field(key).map(|(f, _, span)| (f, span)),
+        NodeField::Skill(i) => at.skills().into_iter().nth(i).map(|(f, n)| (f, n.span)),
+    };
+    let (name, span) = found.unwrap_or_else(|| {
+        let name = match field {
+            NodeField::Sandbox(key) => format!("sandbox.{key}"),
+            NodeField::Skill(i) => format!("skills[{i}]"),
+        };
+        (name, src.root.span)
+    });
+    at.at(name, span, message, help)
+}
+
 const REMOVE_HELP: &str =
     "remove it from the spec (`voidbox validate` accepts it so that specs stay portable)";
 
@@ -216,18 +250,6 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
         .next()
         .map(|n| n.name.clone())
         .unwrap_or_default();
-    let guest_image = root.get("sandbox").and_then(|s| s.entry("guest_image"));
-    if let Some((k, _)) = guest_image.filter(|(_, v)| v.as_str() != Some("")) {
-        c.add(
-            whole.at(
-                "sandbox.guest_image".into(),
-                k.span,
-                "a guest kernel from an OCI `guest_image` cannot be booted yet (only the built-in guest image boots)".into(),
-                REMOVE_HELP,
-            ),
-            &first,
-        );
-    }
     if let Some((k, v)) = root.entry("observe") {
         let on = |key: &str| matches!(v.get(key).map(|n| &n.kind), Some(NodeKind::Bool(true)));
         if on("traces") || on("metrics") || on("logs") || v.get("otlp_endpoint").is_some() {
@@ -261,24 +283,6 @@ fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
         one(
             "network",
             "`network: true` cannot be provided yet (the VM has no network device)",
-        );
-    }
-    if sb.image.is_some() {
-        one(
-            "image",
-            "an OCI root filesystem `image` cannot be provided yet",
-        );
-    }
-    if sb.kernel.is_some() {
-        one(
-            "kernel",
-            "a custom `kernel` cannot be booted yet (only the built-in guest image boots)",
-        );
-    }
-    if sb.initramfs.is_some() {
-        one(
-            "initramfs",
-            "a custom `initramfs` cannot be booted yet (only the built-in guest image boots)",
         );
     }
     if !sb.mounts.is_empty() {
@@ -420,9 +424,6 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
                 }
                 _ => None,
             },
-            NodeKind::Map(_) if s.get("image").is_some() => {
-                Some("OCI image skills cannot be mounted yet")
-            }
             NodeKind::Map(_) if s.get("mcp").is_some() => {
                 Some("MCP server skills are not provided yet")
             }
@@ -549,62 +550,8 @@ mod tests {
             sandbox("{mounts: [{host: /, guest: /mnt}]}")[0].field,
             "sandbox.mounts"
         );
-        assert_eq!(sandbox("{image: 'alpine:3.20'}")[0].field, "sandbox.image");
-        assert_eq!(
-            sandbox("{guest_image: 'x:1'}")[0].field,
-            "sandbox.guest_image"
-        );
-        // Every refusal at once, in source order.
-        let all: Vec<String> = sandbox("{network: true, image: a, guest_image: b}")
-            .into_iter()
-            .map(|r| r.field)
-            .collect();
-        assert_eq!(
-            all,
-            ["sandbox.network", "sandbox.image", "sandbox.guest_image"]
-        );
-    }
-
-    #[test]
-    fn a_box_override_is_located_in_the_box_and_shared_fields_once() {
-        let text = "kind: pipeline\nname: p\nsandbox: {network: true}\npipeline:\n  boxes:\n    - {name: a, run: {program: echo}}\n    - {name: b, run: {program: echo}}\n    - name: c\n      run: {program: echo}\n      sandbox: {network: false, image: x}\n";
-        let r = refusals(text);
-        let fields: Vec<(&str, usize)> = r.iter().map(|r| (r.field.as_str(), r.line)).collect();
-        assert_eq!(
-            fields,
-            [
-                ("sandbox.network", 3),
-                ("pipeline.boxes[2].sandbox.image", 10)
-            ]
-        );
-        assert!(
-            r[0].message.contains("(used by `a`, `b`)"),
-            "{}",
-            r[0].message
-        );
-    }
-
-    #[test]
-    fn refuses_agent_fields_and_providers() {
-        let text = "kind: agent\nname: a\nllm: {provider: claude}\nobserve: {traces: true}\nagent:\n  prompt: hi\n  mode: interactive\n  messaging: {enabled: true}\n  skills: [\"mcp:github\", \"remote:a/b\", \"agent:claude-code\", {image: 'x:1', mount: /s}]\n";
-        let fields: Vec<(String, usize)> = refusals(text)
-            .into_iter()
-            .map(|r| (r.field, r.line))
-            .collect();
-        let want = [
-            ("llm.provider", 3),
-            ("observe", 4),
-            ("agent.mode", 7),
-            ("agent.messaging", 8),
-            ("agent.skills[0]", 9),
-            ("agent.skills[1]", 9),
-            ("agent.skills[3]", 9),
-        ];
-        let want: Vec<(String, usize)> = want.iter().map(|(f, l)| (f.to_string(), *l)).collect();
-        assert_eq!(fields, want);
-        // mock with file/inline skills runs; observe without exports is harmless.
-        let ok = "kind: agent\nname: a\nllm: {provider: mock}\nobserve: {service_name: x}\nagent: {prompt: hi, messaging: {enabled: false}}\n";
-        assert!(refusals(ok).is_empty());
+        // OCI root filesystems and boot files are provided (pulled before anything starts).
+        assert!(sandbox("{image: 'alpine:3.20', guest_image: 'x:1'}").is_empty());
         // No llm at all: the default provider is located at the prompt.
         let r = refusals("kind: agent\nname: a\nagent: {prompt: hi}\n");
         assert!(r[0].field.contains("agent.prompt"), "{r:?}");

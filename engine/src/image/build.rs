@@ -1,5 +1,5 @@
 //! The build pipeline: dependencies → content hash → (cached?) → kernel (cached
-//! separately by its own inputs) → initramfs → manifest → atomic install.
+//! separately by its own inputs) → system disk → manifest → atomic install.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,11 +10,12 @@ use super::error::ImageError;
 use super::kernel::{is_compile_step, KernelBuild, EXPECTED_COMPILE_STEPS};
 use super::manifest::{
     content_hash, sha256_file, sha256_hex, Artifact, ImageInputs, KernelInputs, KernelManifest,
-    Manifest, NamedHash, CONFIG_FILE, INITRAMFS_FILE, MANIFEST_FILE, VMLINUX_FILE,
+    Manifest, NamedHash, AGENT_FILE, CONFIG_FILE, FORMAT, MANIFEST_FILE, SYSTEM_DISK_FILE,
+    VMLINUX_FILE,
 };
 use super::progress::Progress;
 use super::recipe::{self, Profile};
-use super::{agent, deps, initramfs};
+use super::{agent, deps, erofs, layout};
 
 /// What to build.
 #[derive(Debug, Clone)]
@@ -106,6 +107,7 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
         busybox_sha256: sha256_hex(&busybox_bytes),
         busybox_version: tc.busybox_version.clone(),
         strip: tc.strip.clone(),
+        erofs_utils_version: Some(tc.erofs_utils_version.clone()),
     };
     let hash = content_hash(&inputs);
     let dest = cache.image_dir(&hash);
@@ -146,40 +148,51 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
         }
     };
 
-    p.phase(3, PHASES, "building the initramfs");
-    let stage = cache.tmp_dir()?.join(format!("stage-{hash}"));
-    if stage.exists() {
-        fs::remove_dir_all(&stage).map_err(ImageError::io(&stage))?;
+    p.phase(3, PHASES, "building the system disk (erofs)");
+    let tmp = cache.tmp_dir()?;
+    let stage = tmp.join(format!("stage-{hash}"));
+    let scratch = tmp.join(format!("scratch-{hash}"));
+    for d in [&stage, &scratch] {
+        if d.exists() {
+            fs::remove_dir_all(d).map_err(ImageError::io(d))?;
+        }
+        fs::create_dir_all(d).map_err(ImageError::io(d))?;
     }
-    fs::create_dir_all(&stage).map_err(ImageError::io(&stage))?;
-    let applets = initramfs::busybox_applets(&tc.busybox)?;
-    let init_bytes = strip_debug(&req.guest_agent, &agent_bytes, &stage)?;
-    let mut archive = initramfs::build(&init_bytes, &busybox_bytes, &applets)?;
+    let applets = layout::busybox_applets(&tc.busybox)?;
+    let init_bytes = strip(&req.guest_agent, &agent_bytes, &scratch)?;
+    let mut tree = layout::build(&init_bytes, &busybox_bytes, &applets)?;
     if let (Some(path), Some(bytes)) = (&mock_llm, &mock_bytes) {
-        let stripped = strip_debug(path, bytes, &stage)?;
-        initramfs::add_executable(&mut archive, agent::MOCK_LLM_GUEST_PATH, &stripped)?;
+        let stripped = strip(path, bytes, &scratch)?;
+        layout::add_executable(&mut tree, agent::MOCK_LLM_GUEST_PATH, &stripped)?;
     }
-    let cpio_path = stage.join(INITRAMFS_FILE);
-    let mut f = fs::File::create(&cpio_path).map_err(ImageError::io(&cpio_path))?;
-    archive.write_to(&mut f)?;
-    f.sync_all().map_err(ImageError::io(&cpio_path))?;
-    drop(f);
+    let disk = stage.join(SYSTEM_DISK_FILE);
+    erofs::build(&tree, &scratch, &disk)?;
+    fs::remove_dir_all(&scratch).map_err(ImageError::io(&scratch))?;
+    let agent_copy = stage.join(AGENT_FILE);
+    fs::write(&agent_copy, &init_bytes).map_err(ImageError::io(&agent_copy))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&agent_copy, fs::Permissions::from_mode(0o755))
+            .map_err(ImageError::io(&agent_copy))?;
+    }
 
     p.phase(4, PHASES, "installing into the cache");
     for name in [VMLINUX_FILE, CONFIG_FILE] {
         link_or_copy(&kdir.join(name), &stage.join(name))?;
     }
     let manifest = Manifest {
-        format: 1,
+        format: FORMAT,
         hash: hash.clone(),
         profile: req.profile,
-        cmdline: req.profile.cmdline().to_string(),
+        cmdline: recipe::image_cmdline(req.profile),
         kernel: kernel.clone(),
         guest_agent_sha256: inputs.guest_agent_sha256.clone(),
         init_sha256: sha256_hex(&init_bytes),
         busybox_version: tc.busybox_version.clone(),
         vmlinux: Artifact::of(&stage, VMLINUX_FILE)?,
-        initramfs: Artifact::of(&stage, INITRAMFS_FILE)?,
+        initramfs: None,
+        system_disk: Some(Artifact::of(&stage, SYSTEM_DISK_FILE)?),
+        agent: Some(Artifact::of(&stage, AGENT_FILE)?),
         config: Artifact::of(&stage, CONFIG_FILE)?,
         inputs,
         kernel_inputs: kin,
@@ -188,7 +201,7 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default(),
-        path_programs: Some(initramfs::path_programs(&archive)),
+        path_programs: Some(layout::path_programs(&tree)),
     };
     let mpath = stage.join(MANIFEST_FILE);
     fs::write(&mpath, manifest.to_json() + "\n").map_err(ImageError::io(&mpath))?;
@@ -323,15 +336,15 @@ fn read_kernel_json(kdir: &Path) -> Result<KernelManifest, ImageError> {
     Ok(km)
 }
 
-/// The agent without debug info (line tables make it ~4× larger, and every initramfs
-/// byte is copied by the guest kernel at boot). Scripts are used as they are.
-fn strip_debug(agent: &Path, bytes: &[u8], scratch: &Path) -> Result<Vec<u8>, ImageError> {
+/// A program without symbols or debug info (line tables make the agent ~4× larger; the
+/// guest reads every byte it runs from the system disk). Scripts are used as they are.
+fn strip(agent: &Path, bytes: &[u8], scratch: &Path) -> Result<Vec<u8>, ImageError> {
     if !bytes.starts_with(b"\x7fELF") {
         return Ok(bytes.to_vec());
     }
-    let out = scratch.join("init.stripped");
+    let out = scratch.join("stripped");
     let res = std::process::Command::new("strip")
-        .arg("--strip-debug")
+        .arg("--strip-all")
         .arg("-o")
         .arg(&out)
         .arg(agent)
@@ -339,7 +352,7 @@ fn strip_debug(agent: &Path, bytes: &[u8], scratch: &Path) -> Result<Vec<u8>, Im
         .map_err(|e| ImageError::Environment(format!("running strip: {e}")))?;
     if !res.status.success() {
         return Err(ImageError::Step {
-            step: format!("strip --strip-debug {}", agent.display()),
+            step: format!("strip --strip-all {}", agent.display()),
             log_tail: String::from_utf8_lossy(&res.stderr).into_owned(),
             log: None,
         });
@@ -372,6 +385,7 @@ mod tests {
             gcc: "gcc (Debian 12.2.0-14) 12.2.0".into(),
             busybox_version: "1:1.35.0".into(),
             strip: "strip 2.40".into(),
+            erofs_utils_version: "1.5-1".into(),
             source_tarball: "/usr/src/linux-source-6.1.tar.xz".into(),
             busybox: "/bin/busybox".into(),
         };

@@ -2,9 +2,11 @@
 //!
 //! ```text
 //! $XDG_CACHE_HOME/voidbox/            (fallback ~/.cache/voidbox)
-//!   images/<image-hash>/              vmlinux, initramfs.cpio, config, manifest.json
+//!   images/<image-hash>/              vmlinux, system.erofs, voidbox-agent, config,
+//!                                     manifest.json (old layout: initramfs.cpio instead
+//!                                     of the disk and agent)
 //!   kernels/<kernel-hash>/            vmlinux, config, build.log (reused across images
-//!                                     that differ only in the initramfs)
+//!                                     that differ only in the system disk)
 //!   locks/<hash>.lock                 flock(2) held while building or removing
 //!   tmp/                              build trees and staging dirs (same filesystem,
 //!                                     so finished entries are renamed into place)

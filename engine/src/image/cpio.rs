@@ -1,5 +1,6 @@
-//! A reproducible writer (and a reader, for verification) of uncompressed
-//! cpio "newc" archives — the format the kernel unpacks as an initramfs.
+//! A reproducible writer (and a reader) of uncompressed cpio "newc" archives — the format
+//! the kernel unpacks as an initramfs. [`Archive`] also holds the guest's root tree before
+//! it goes onto the system disk ([`super::erofs`]).
 //!
 //! Reproducible: entries are written sorted by path (so parents precede children),
 //! inode numbers are assigned in that order, and mtimes, uids and gids are whatever
@@ -281,6 +282,29 @@ impl Archive {
     }
 }
 
+/// A newc archive holding one executable, `name` (a top-level name, so it needs no
+/// directory entries), root-owned, mode 0755, mtime 0. The kernel unpacks concatenated
+/// archives in order, so this appended to an initramfs adds (or replaces) that file — how
+/// the guest agent joins a user-supplied initramfs.
+pub fn single_executable(name: &str, bytes: &[u8]) -> Result<Vec<u8>, CpioError> {
+    let path = normalize(name)?;
+    if path.contains('/') {
+        return Err(CpioError::BadPath(name.to_string()));
+    }
+    let mut a = Archive::new();
+    a.insert(
+        &path,
+        Entry {
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            kind: Kind::File(bytes.to_vec()),
+        },
+    )?;
+    a.to_bytes()
+}
+
 #[derive(Debug, Default)]
 struct Header {
     ino: u32,
@@ -444,6 +468,34 @@ mod tests {
         assert!(matches!(normalize("../x"), Err(CpioError::BadPath(_))));
         assert!(matches!(normalize("/"), Err(CpioError::BadPath(_))));
         assert_eq!(normalize("/./a//b/").unwrap(), "a/b");
+    }
+
+    #[test]
+    fn single_executable_archive() {
+        let bytes = single_executable("/voidbox-agent", b"\x7fELFagent").unwrap();
+        assert_eq!(bytes.len() % 4, 0);
+        let a = Archive::parse(&bytes).unwrap();
+        assert_eq!(a.len(), 1);
+        let e = a.get("voidbox-agent").unwrap();
+        assert_eq!((e.perm, e.uid, e.mtime), (0o755, 0, 0));
+        assert_eq!(e.kind, Kind::File(b"\x7fELFagent".to_vec()));
+        assert_eq!(e.mode() & S_IFMT, S_IFREG);
+        // GNU cpio (if installed) reads it too.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.cpio");
+        std::fs::write(&path, &bytes).unwrap();
+        if let Ok(out) = std::process::Command::new("cpio")
+            .args(["-t", "--quiet", "-F"])
+            .arg(&path)
+            .output()
+        {
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "voidbox-agent");
+        }
+        assert!(matches!(
+            single_executable("sbin/voidbox-agent", b""),
+            Err(CpioError::BadPath(_))
+        ));
+        assert!(single_executable("..", b"").is_err());
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub const PACKAGES: &[&str] = &[
     "gcc",
     "binutils",
     "libc6-dev",
+    super::erofs::EROFS_PACKAGE,
 ];
 
 /// Where busybox-static installs its binary.
@@ -38,6 +39,8 @@ pub struct Toolchain {
     pub gcc: String,
     /// `strip --version`, first line.
     pub strip: String,
+    /// Debian version of erofs-utils (`mkfs.erofs`).
+    pub erofs_utils_version: String,
     /// The kernel source tarball.
     pub source_tarball: PathBuf,
     /// The static busybox binary.
@@ -142,6 +145,7 @@ pub fn toolchain() -> Result<Toolchain, ImageError> {
         busybox_version: need("busybox-static")?,
         gcc,
         strip,
+        erofs_utils_version: need(super::erofs::EROFS_PACKAGE)?,
         source_tarball: PathBuf::from(recipe::KERNEL_SOURCE_TARBALL),
         busybox: PathBuf::from(BUSYBOX_PATH),
     };

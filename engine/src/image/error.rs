@@ -39,8 +39,8 @@ pub enum ImageError {
     /// A malformed recipe file (fragment).
     #[error(transparent)]
     Fragment(#[from] super::kconfig::FragmentError),
-    /// Building or reading the initramfs archive failed.
-    #[error("initramfs: {0}")]
+    /// Building or reading a cpio archive or the root tree failed.
+    #[error("root tree: {0}")]
     Cpio(#[from] super::cpio::CpioError),
     /// No cached image matches.
     #[error("{0}")]

@@ -12,8 +12,18 @@ use super::recipe::Profile;
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Kernel file name in an image directory.
 pub const VMLINUX_FILE: &str = "vmlinux";
-/// Initramfs file name in an image directory.
+/// Initramfs file name in an image directory of the old layout ([`LEGACY_FORMAT`]).
 pub const INITRAMFS_FILE: &str = "initramfs.cpio";
+/// System disk file name in an image directory: the guest's read-only root (erofs).
+pub const SYSTEM_DISK_FILE: &str = "system.erofs";
+/// The stripped static guest agent, also kept beside the system disk (for user-supplied
+/// initramfs images, which get it appended as a one-file cpio).
+pub const AGENT_FILE: &str = "voidbox-agent";
+/// Manifest format of images that boot from a system disk.
+pub const FORMAT: u32 = 2;
+/// Manifest format of images of the old layout (kernel + initramfs). They are still listed
+/// and removable, but never booted: the engine builds the current layout instead.
+pub const LEGACY_FORMAT: u32 = 1;
 /// Final kernel `.config`, kept for inspection.
 pub const CONFIG_FILE: &str = "config";
 
@@ -62,8 +72,12 @@ pub struct ImageInputs {
     pub busybox_sha256: String,
     /// Debian version of busybox-static.
     pub busybox_version: String,
-    /// `strip --version` (first line); `/init` is the agent with debug info stripped.
+    /// `strip --version` (first line); the agent is installed stripped.
     pub strip: String,
+    /// Debian version of erofs-utils (`mkfs.erofs` packs the system disk); `None` in
+    /// manifests of the old layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erofs_utils_version: Option<String>,
 }
 
 /// SHA-256 of bytes, hex.
@@ -137,7 +151,7 @@ pub struct KernelManifest {
 /// `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Manifest format version (1).
+    /// Manifest format: [`FORMAT`], or [`LEGACY_FORMAT`] for the old layout.
     pub format: u32,
     /// Content hash (of [`ImageInputs`]); the directory name.
     pub hash: String,
@@ -149,14 +163,21 @@ pub struct Manifest {
     pub kernel: KernelManifest,
     /// SHA-256 of the guest agent binary given to the build.
     pub guest_agent_sha256: String,
-    /// SHA-256 of `/init` in the initramfs (the agent, debug info stripped).
+    /// SHA-256 of the guest agent as installed in the image (stripped).
     pub init_sha256: String,
     /// Debian version of busybox-static.
     pub busybox_version: String,
     /// `vmlinux`.
     pub vmlinux: Artifact,
-    /// `initramfs.cpio`.
-    pub initramfs: Artifact,
+    /// `initramfs.cpio` (old layout only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initramfs: Option<Artifact>,
+    /// `system.erofs`: the read-only root disk (`/dev/vda`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_disk: Option<Artifact>,
+    /// `voidbox-agent`: the stripped agent binary, the same bytes as on the system disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Artifact>,
     /// `config` (the kernel `.config`).
     pub config: Artifact,
     /// The hashed inputs.
@@ -185,8 +206,14 @@ impl Manifest {
     /// Parses a manifest and checks its internal consistency.
     pub fn parse(text: &str) -> Result<Manifest, String> {
         let m: Manifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if m.format != 1 {
-            return Err(format!("unsupported manifest format {}", m.format));
+        match m.format {
+            FORMAT if m.system_disk.is_none() || m.agent.is_none() => {
+                return Err("no system disk or agent recorded".into())
+            }
+            FORMAT => {}
+            LEGACY_FORMAT if m.initramfs.is_none() => return Err("no initramfs recorded".into()),
+            LEGACY_FORMAT => {}
+            f => return Err(format!("unsupported manifest format {f}")),
         }
         if m.hash != content_hash(&m.inputs) {
             return Err("hash does not match the recorded inputs".into());
@@ -195,6 +222,22 @@ impl Manifest {
             return Err("kernel inputs hash does not match the recorded kernel inputs".into());
         }
         Ok(m)
+    }
+
+    /// Whether the image has the current layout (kernel + system disk); images of the old
+    /// layout are never booted.
+    pub fn is_current_layout(&self) -> bool {
+        self.format == FORMAT && self.system_disk.is_some() && self.agent.is_some()
+    }
+
+    /// Every artifact the manifest records, in a fixed order.
+    pub fn artifacts(&self) -> Vec<&Artifact> {
+        let mut v = vec![&self.vmlinux];
+        v.extend(self.initramfs.iter());
+        v.extend(self.system_disk.iter());
+        v.extend(self.agent.iter());
+        v.push(&self.config);
+        v
     }
 
     /// [`Manifest::path_programs`] as a set.
@@ -239,6 +282,7 @@ pub(crate) mod tests {
             busybox_sha256: sha256_hex(b"busybox"),
             busybox_version: "1:1.35.0-4".into(),
             strip: "GNU strip 2.40".into(),
+            erofs_utils_version: Some("1.5-1".into()),
         };
         let art = |f: &str| Artifact {
             file: f.into(),
@@ -246,10 +290,10 @@ pub(crate) mod tests {
             sha256: sha256_hex(b"x"),
         };
         Manifest {
-            format: 1,
+            format: FORMAT,
             hash: content_hash(&inputs),
             profile: Profile::Compat,
-            cmdline: Profile::Compat.cmdline().into(),
+            cmdline: super::super::recipe::image_cmdline(Profile::Compat),
             kernel: KernelManifest {
                 release: "6.1.192-voidbox".into(),
                 source_package: ki.source_package.clone(),
@@ -264,7 +308,9 @@ pub(crate) mod tests {
             init_sha256: sha256_hex(b"init"),
             busybox_version: inputs.busybox_version.clone(),
             vmlinux: art(VMLINUX_FILE),
-            initramfs: art(INITRAMFS_FILE),
+            initramfs: None,
+            system_disk: Some(art(SYSTEM_DISK_FILE)),
+            agent: Some(art(AGENT_FILE)),
             config: art(CONFIG_FILE),
             inputs,
             kernel_inputs: ki,
@@ -304,5 +350,45 @@ pub(crate) mod tests {
             .contains("hash"));
         assert!(Manifest::parse("{").is_err());
         assert!(Manifest::parse("{\"format\":2}").is_err());
+        assert!(m.is_current_layout());
+        // A current-format manifest without its disk is refused.
+        let mut no_disk = m.clone();
+        no_disk.system_disk = None;
+        assert!(Manifest::parse(&no_disk.to_json())
+            .unwrap_err()
+            .contains("system disk"));
+        let mut unknown = m.clone();
+        unknown.format = 3;
+        assert!(Manifest::parse(&unknown.to_json()).is_err());
+    }
+
+    #[test]
+    fn old_layout_manifests_parse_but_are_not_current() {
+        // A manifest written by the initramfs builder (format 1, no erofs-utils input):
+        // its hash still checks out, so it is listed and removable, never booted.
+        let mut m = manifest();
+        m.format = LEGACY_FORMAT;
+        m.inputs.erofs_utils_version = None;
+        m.inputs.builder_version = 1;
+        m.hash = content_hash(&m.inputs);
+        m.system_disk = None;
+        m.agent = None;
+        m.initramfs = Some(Artifact {
+            file: INITRAMFS_FILE.into(),
+            size: 1,
+            sha256: sha256_hex(b"x"),
+        });
+        let text = m.to_json();
+        assert!(!text.contains("erofs_utils_version") && !text.contains("system_disk"));
+        let back = Manifest::parse(&text).unwrap();
+        assert!(!back.is_current_layout());
+        assert_eq!(back.artifacts().len(), 3);
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "../tests/fixtures/image-cache/voidbox/images/\
+             4a8f3e3322e79964582038bb71a4241fd1ffc7316eb5f41606bc036b101e825e",
+        );
+        let old = Manifest::load(&fixture).unwrap();
+        assert_eq!(old.format, LEGACY_FORMAT);
+        assert!(!old.is_current_layout());
     }
 }

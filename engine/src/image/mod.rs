@@ -1,6 +1,7 @@
 //! The guest image: a Linux kernel (`vmlinux`) built from Debian's `linux-source-6.1`
-//! with the recipe in `guest-agent/image/`, and an uncompressed initramfs with the
-//! guest agent as `/init` — built on first use and cached by content hash.
+//! with the recipe in `guest-agent/image/`, and a read-only erofs system disk (the guest's
+//! root: the guest agent, busybox, the runtimes) that the kernel mounts as `/dev/vda` —
+//! built on first use and cached by content hash.
 //!
 //! Entry points: [`ensure_image`] for the apply/run paths, [`run_cli`] for
 //! `voidbox image build|ls|rm|verify|probe`. See `guest-agent/image/README.md`.
@@ -10,10 +11,11 @@ pub mod build;
 pub mod cache;
 pub mod cpio;
 pub mod deps;
+pub mod erofs;
 pub mod error;
-pub mod initramfs;
 pub mod kconfig;
 pub mod kernel;
+pub mod layout;
 pub mod manifest;
 pub mod progress;
 pub mod recipe;
@@ -70,8 +72,10 @@ pub struct ImageInfo {
     pub dir: PathBuf,
     /// Uncompressed ELF kernel (PVH note present; entry at 16 MiB).
     pub vmlinux: PathBuf,
-    /// Uncompressed newc initramfs.
-    pub initramfs: PathBuf,
+    /// The read-only erofs system disk (the guest's root, `/dev/vda`).
+    pub system_disk: PathBuf,
+    /// The stripped static guest agent (the same bytes as on the system disk).
+    pub agent: PathBuf,
     /// Kernel profile.
     pub profile: Profile,
     /// `uname -r` of the guest.
@@ -86,11 +90,15 @@ pub struct ImageInfo {
 
 impl ImageInfo {
     fn from_dir(dir: &Path, manifest: Manifest, fresh: bool) -> ImageInfo {
+        let file = |a: &Option<manifest::Artifact>| {
+            dir.join(a.as_ref().map(|a| a.file.as_str()).unwrap_or_default())
+        };
         ImageInfo {
             hash: manifest.hash.clone(),
             dir: dir.to_path_buf(),
             vmlinux: dir.join(&manifest.vmlinux.file),
-            initramfs: dir.join(&manifest.initramfs.file),
+            system_disk: file(&manifest.system_disk),
+            agent: file(&manifest.agent),
             profile: manifest.profile,
             kernel_release: manifest.kernel.release.clone(),
             cmdline: manifest.cmdline.clone(),
@@ -158,12 +166,12 @@ pub enum Format {
 /// `voidbox image` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
-    /// Build the guest image (kernel + initramfs) into the cache; takes minutes the first time.
+    /// Build the guest image (kernel + system disk) into the cache; takes minutes the first time.
     Build {
         /// Kernel profile; `auto` probes the host's KVM.
         #[arg(long, value_enum, default_value_t = ProfileChoice::Auto)]
         profile: ProfileChoice,
-        /// Guest agent binary for /init (default: build it from this source tree).
+        /// Guest agent binary, PID 1 of every VM (default: build it from this source tree).
         #[arg(long, value_name = "PATH")]
         guest_agent: Option<PathBuf>,
         /// Parallel compile jobs (default: number of cores).
@@ -203,7 +211,7 @@ pub enum ImageCommand {
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
     },
-    /// Check cached images: artifact hashes vs manifest, kernel ELF, initramfs contents.
+    /// Check cached images: artifact hashes vs manifest, kernel ELF, system disk contents.
     Verify {
         /// Hash prefixes (default: every cached image).
         hashes: Vec<String>,
@@ -294,8 +302,10 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                                 "dir": i.dir,
                                 "profile": i.manifest.profile,
                                 "kernel_release": i.manifest.kernel.release,
+                                "layout": layout_name(&i.manifest),
                                 "vmlinux_size": i.manifest.vmlinux.size,
-                                "initramfs_size": i.manifest.initramfs.size,
+                                "system_disk_size": i.manifest.system_disk.as_ref().map(|a| a.size),
+                                "initramfs_size": i.manifest.initramfs.as_ref().map(|a| a.size),
                                 "created_unix": i.manifest.created_unix,
                                 "age_seconds": age(i.manifest.created_unix),
                             })
@@ -308,18 +318,23 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                         eprintln!("no cached images in {}", cache.images_dir().display());
                     } else {
                         println!(
-                            "{:<14} {:<8} {:<18} {:>9} {:>10} {:>8}",
-                            "HASH", "PROFILE", "KERNEL", "VMLINUX", "INITRAMFS", "AGE"
+                            "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8}",
+                            "HASH", "PROFILE", "KERNEL", "VMLINUX", "SYSTEM DISK", "AGE"
                         );
                         for i in &images {
                             let m = &i.manifest;
+                            let disk = match &m.system_disk {
+                                Some(d) => human_size(d.size),
+                                // Listed so it can be removed; never booted.
+                                None => "old layout".to_string(),
+                            };
                             println!(
-                                "{:<14} {:<8} {:<18} {:>9} {:>10} {:>8}",
+                                "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8}",
                                 &m.hash[..12],
                                 m.profile.as_str(),
                                 m.kernel.release,
                                 human_size(m.vmlinux.size),
-                                human_size(m.initramfs.size),
+                                disk,
                                 human_age(age(m.created_unix))
                             );
                         }
@@ -375,23 +390,33 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             }
             let mut failed = 0;
             let mut out = Vec::new();
+            let tmp = cache.tmp_dir()?;
             for h in targets {
-                match verify::verify_dir(&cache.image_dir(&h)) {
+                let scratch = tempfile::Builder::new()
+                    .prefix("verify-")
+                    .tempdir_in(&tmp)
+                    .map_err(ImageError::io(&tmp))?;
+                match verify::verify_dir(&cache.image_dir(&h), scratch.path()) {
                     Ok(r) => {
+                        let disk_size = r.manifest.system_disk.as_ref().map(|a| a.size);
                         if format == Format::Human {
                             println!(
-                                "ok {} {} kernel {} entry {:#x} pvh {:#x} initramfs {} entries",
+                                "ok {} {} kernel {} entry {:#x} pvh {:#x} system disk {} ({} entries)",
                                 &h[..12],
                                 r.manifest.profile,
                                 r.manifest.kernel.release,
                                 r.elf.entry,
                                 r.elf.pvh_entry.unwrap_or_default(),
-                                r.initramfs_entries
+                                human_size(disk_size.unwrap_or_default()),
+                                r.disk_entries
                             );
                         }
-                        out.push(serde_json::json!({"hash": h, "ok": true, "profile": r.manifest.profile,
+                        out.push(
+                            serde_json::json!({"hash": h, "ok": true, "profile": r.manifest.profile,
                             "kernel_release": r.manifest.kernel.release, "entry": r.elf.entry,
-                            "pvh_entry": r.elf.pvh_entry, "initramfs_entries": r.initramfs_entries}));
+                            "pvh_entry": r.elf.pvh_entry, "system_disk_size": disk_size,
+                            "system_disk_entries": r.disk_entries}),
+                        );
                     }
                     Err(e) => {
                         failed += 1;
@@ -454,13 +479,24 @@ fn info_json(info: &ImageInfo) -> String {
         "hash": info.hash,
         "dir": info.dir,
         "vmlinux": info.vmlinux,
-        "initramfs": info.initramfs,
+        "system_disk": info.system_disk,
+        "system_disk_size": info.manifest.system_disk.as_ref().map(|a| a.size),
+        "agent": info.agent,
         "profile": info.profile,
         "kernel_release": info.kernel_release,
         "cmdline": info.cmdline,
         "freshly_built": info.freshly_built,
     }))
     .unwrap_or_default()
+}
+
+/// `system-disk`, or `initramfs` for images of the old layout (never booted).
+fn layout_name(m: &Manifest) -> &'static str {
+    if m.is_current_layout() {
+        "system-disk"
+    } else {
+        "initramfs"
+    }
 }
 
 /// Seconds since `created` (seconds since the epoch).

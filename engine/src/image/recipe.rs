@@ -1,13 +1,15 @@
 //! The image recipe kept in `guest-agent/image/`, embedded in the binary so that
 //! `voidbox image build` works from any directory: config fragments, kernel patches,
-//! profiles and the kernel command line each profile wants.
+//! profiles, the kernel command line each profile wants and where the system disk puts
+//! the guest agent.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped whenever the builder changes what it produces from the same inputs.
-pub const BUILDER_VERSION: u32 = 1;
+/// Bumped whenever the builder changes what it produces from the same inputs (2: a system
+/// disk instead of an initramfs; the crypto self-tests off).
+pub const BUILDER_VERSION: u32 = 2;
 
 /// Fragment merged into every profile.
 pub const BASE_CONFIG: &str = include_str!("../../../guest-agent/image/config/base.config");
@@ -51,8 +53,15 @@ pub const KBUILD_ENV: &[(&str, &str)] = &[
     ("KBUILD_BUILD_VERSION", "1"),
 ];
 
-/// Fixed mtime of every initramfs entry.
-pub const INITRAMFS_MTIME: u32 = 0;
+/// Fixed mtime of every entry of the guest's root tree.
+pub const FILE_MTIME: u32 = 0;
+
+/// Where the guest agent lives on the system disk; the kernel runs it as PID 1.
+pub const AGENT_GUEST_PATH: &str = "sbin/voidbox-agent";
+
+/// Kernel parameters that boot the system disk: `/dev/vda` (the first virtio-blk disk),
+/// read-only erofs as the root, the guest agent as init. No initramfs is unpacked.
+pub const SYSTEM_DISK_CMDLINE: &str = "root=/dev/vda rootfstype=erofs ro init=/sbin/voidbox-agent";
 
 /// Which guest kernel to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -104,6 +113,12 @@ impl Profile {
             }
         }
     }
+}
+
+/// The kernel command line an image of `profile` records: the profile's flags and
+/// [`SYSTEM_DISK_CMDLINE`].
+pub fn image_cmdline(profile: Profile) -> String {
+    format!("{} {SYSTEM_DISK_CMDLINE}", profile.cmdline())
 }
 
 impl fmt::Display for Profile {

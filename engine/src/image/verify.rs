@@ -1,14 +1,15 @@
 //! `voidbox image verify`: re-hashes an image's artifacts against its manifest and
 //! checks that they look bootable (ELF64 x86-64 kernel with the expected entry and a
-//! PVH note; an initramfs with `/init`, busybox and the directory layout).
+//! PVH note; a system disk that `fsck.erofs` reads back in full, holding the guest agent
+//! recorded in the manifest, busybox and the directory layout). Images of the old layout
+//! (kernel + initramfs) fail: they are never booted.
 
 use std::path::Path;
 
-use super::cpio::Archive;
 use super::error::ImageError;
-use super::initramfs;
-use super::manifest::{sha256_file, Artifact, Manifest};
-use super::recipe::Profile;
+use super::manifest::{sha256_file, sha256_hex, Artifact, Manifest, LEGACY_FORMAT};
+use super::recipe::{self, Profile};
+use super::{erofs, layout};
 
 /// Physical load address / entry of our `vmlinux` (CONFIG_PHYSICAL_START, not relocatable).
 pub const EXPECTED_ENTRY: u64 = 0x100_0000;
@@ -120,15 +121,23 @@ pub struct VerifyReport {
     pub manifest: Manifest,
     /// Kernel ELF facts.
     pub elf: ElfInfo,
-    /// Number of initramfs entries.
-    pub initramfs_entries: usize,
+    /// Number of entries (files, directories, links) on the system disk.
+    pub disk_entries: usize,
 }
 
-/// Verifies the image in `dir`.
-pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ImageError> {
+/// Verifies the image in `dir`; `scratch` is an empty directory for reading the system disk
+/// back (left empty).
+pub fn verify_dir(dir: &Path, scratch: &Path) -> Result<VerifyReport, ImageError> {
     let manifest = Manifest::load(dir)?;
     let mut problems = Vec::new();
-    for a in [&manifest.vmlinux, &manifest.initramfs, &manifest.config] {
+    if manifest.format == LEGACY_FORMAT {
+        problems.push(
+            "old layout (kernel + initramfs, manifest format 1): never booted by this voidbox; \
+             remove it with `voidbox image rm` (the next run builds the current one)"
+                .into(),
+        );
+    }
+    for a in manifest.artifacts() {
         check_artifact(dir, a, &mut problems);
     }
     if dir.file_name().and_then(|n| n.to_str()) != Some(manifest.hash.as_str()) {
@@ -137,7 +146,9 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ImageError> {
     if manifest.config.sha256 != manifest.kernel.config_sha256 {
         problems.push("config artifact differs from kernel.config_sha256".into());
     }
-    if manifest.cmdline != manifest.profile.cmdline() {
+    if manifest.format != LEGACY_FORMAT
+        && manifest.cmdline != recipe::image_cmdline(manifest.profile)
+    {
         problems.push("cmdline differs from the profile's".into());
     }
 
@@ -182,38 +193,58 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport, ImageError> {
         }
     };
 
-    let initramfs = dir.join(&manifest.initramfs.file);
+    if let Some(agent) = &manifest.agent {
+        if agent.sha256 != manifest.init_sha256 {
+            problems.push(format!(
+                "{} differs from the manifest's init_sha256",
+                agent.file
+            ));
+        }
+    }
     let mut entries = 0;
-    match std::fs::read(&initramfs)
-        .map_err(|e| e.to_string())
-        .and_then(|b| Archive::parse(&b).map_err(|e| e.to_string()))
-    {
-        Ok(a) => {
-            entries = a.len();
-            problems.extend(
-                initramfs::check(&a)
-                    .into_iter()
-                    .map(|p| format!("initramfs: {p}")),
-            );
-            if let Some(super::cpio::Entry {
-                kind: super::cpio::Kind::File(init),
-                ..
-            }) = a.get("init")
-            {
-                let h = super::manifest::sha256_hex(init);
-                if h != manifest.init_sha256 {
-                    problems.push("initramfs /init differs from the manifest's init_sha256".into());
+    if let Some(disk) = &manifest.system_disk {
+        if disk.size % 512 != 0 {
+            problems.push(format!(
+                "{}: size is not a whole number of sectors",
+                disk.file
+            ));
+        }
+        match erofs::read_back(&dir.join(&disk.file), scratch) {
+            Ok(tree) => {
+                entries = tree.len();
+                problems.extend(
+                    layout::check(&tree)
+                        .into_iter()
+                        .map(|p| format!("{}: {p}", disk.file)),
+                );
+                if layout::agent(&tree).map(sha256_hex).as_deref()
+                    != Some(manifest.init_sha256.as_str())
+                {
+                    problems.push(format!(
+                        "{}: the guest agent differs from the manifest's init_sha256",
+                        disk.file
+                    ));
+                }
+                if let Some(recorded) = manifest.path_program_set() {
+                    let found: std::collections::BTreeSet<String> =
+                        layout::path_programs(&tree).into_iter().collect();
+                    if found != recorded {
+                        problems.push(format!(
+                            "{}: programs on PATH differ from the manifest's",
+                            disk.file
+                        ));
+                    }
                 }
             }
+            Err(e) => problems.push(format!("{}: {e}", disk.file)),
         }
-        Err(e) => problems.push(format!("initramfs: {e}")),
     }
 
     match (problems.is_empty(), elf) {
         (true, Some(elf)) => Ok(VerifyReport {
             manifest,
             elf,
-            initramfs_entries: entries,
+            disk_entries: entries,
         }),
         _ => Err(ImageError::Verify {
             hash: manifest.hash,

@@ -129,6 +129,8 @@ pub struct NodeSandbox {
     pub kernel: Option<PathBuf>,
     /// Initramfs override (absolute).
     pub initramfs: Option<PathBuf>,
+    /// OCI image holding a kernel and an initramfs (void-box's `guest_image`).
+    pub guest_image: Option<String>,
     /// Snapshot to restore from.
     pub snapshot: Option<String>,
     /// Extra programs the guest may start besides the node's own (the box's list, else the
@@ -305,6 +307,7 @@ impl Builder<'_> {
                 .or_else(|| base.image.clone()),
             kernel: base.kernel.as_deref().map(abs),
             initramfs: base.initramfs.as_deref().map(abs),
+            guest_image: base.guest_image.clone().filter(|g| !g.is_empty()),
             snapshot: over
                 .and_then(|o| o.snapshot.clone())
                 .or_else(|| base.snapshot.clone()),

@@ -81,9 +81,9 @@ impl VmDisks {
     }
 
     /// The VMM's disks after `system` (which becomes `/dev/vda`).
-    pub fn vm_disks(&self, system: &PathBuf) -> Vec<DiskConfig> {
+    pub fn vm_disks(&self, system: &std::path::Path) -> Vec<DiskConfig> {
         std::iter::once(DiskConfig {
-            path: system.clone(),
+            path: system.to_path_buf(),
             read_only: true,
         })
         .chain(self.images.iter().map(|d| DiskConfig {

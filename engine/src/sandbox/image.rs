@@ -1,4 +1,4 @@
-//! Which guest kernel + initramfs a VM boots.
+//! Which guest kernel, system disk (and, for user-supplied images, initramfs) a VM boots.
 
 use std::path::PathBuf;
 
@@ -13,8 +13,15 @@ pub struct GuestImage {
     pub hash: String,
     /// ELF vmlinux.
     pub vmlinux: PathBuf,
-    /// Uncompressed initramfs with the agent as `/init`.
-    pub initramfs: PathBuf,
+    /// The read-only erofs system disk, attached as `/dev/vda` (the guest's root).
+    pub system_disk: PathBuf,
+    /// SHA-256 of the system disk (from the manifest); part of snapshot keys.
+    pub system_disk_sha256: String,
+    /// The stripped static guest agent (the same bytes as on the system disk).
+    pub agent: PathBuf,
+    /// An initramfs to boot with; `None` for the images voidbox builds, which boot from
+    /// their system disk.
+    pub initramfs: Option<PathBuf>,
     /// Kernel profile (`compat` turns on the VMM's compat flags).
     pub profile: Profile,
     /// Command line the image expects (the VMM adds its own base flags).
@@ -22,32 +29,38 @@ pub struct GuestImage {
 }
 
 impl GuestImage {
-    /// The newest cached image of the profile this host needs that was built from this
-    /// build's recipe (kernel patches, config fragments: an image from an older recipe is
-    /// never used silently — [`GuestImage::ensure`] then builds the current one), without
-    /// building anything.
+    /// The image a cached manifest describes, if it has the current layout (kernel + system
+    /// disk) and was built from this build's recipe (kernel patches, config fragments): an
+    /// image from an older recipe or layout is never used silently.
+    pub fn from_cached(dir: &std::path::Path, m: &image::Manifest) -> Option<GuestImage> {
+        if !m.is_current_layout() || !image::build::recipe_matches(&m.kernel_inputs) {
+            return None;
+        }
+        let disk = m.system_disk.as_ref()?;
+        let agent = m.agent.as_ref()?;
+        Some(GuestImage {
+            hash: m.hash.clone(),
+            vmlinux: dir.join(&m.vmlinux.file),
+            system_disk: dir.join(&disk.file),
+            system_disk_sha256: disk.sha256.clone(),
+            agent: dir.join(&agent.file),
+            initramfs: None,
+            profile: m.profile,
+            cmdline: m.cmdline.clone(),
+        })
+        .filter(|g| g.vmlinux.is_file() && g.system_disk.is_file())
+    }
+
+    /// The newest cached image of the profile this host needs that [`GuestImage::from_cached`]
+    /// accepts, without building anything ([`GuestImage::ensure`] builds the current one).
     pub fn cached() -> Result<Option<GuestImage>, SandboxError> {
         let profile = image::resolve_profile(image::ProfileChoice::Auto).map_err(env)?;
         let cache = Cache::open(None).map_err(env)?;
         let (images, _broken) = cache.list().map_err(env)?;
         Ok(images
-            .into_iter()
-            .find(|i| {
-                i.manifest.profile == profile
-                    && image::build::recipe_matches(&i.manifest.kernel_inputs)
-            })
-            .map(|i| GuestImage {
-                hash: i
-                    .dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                vmlinux: i.dir.join(&i.manifest.vmlinux.file),
-                initramfs: i.dir.join(&i.manifest.initramfs.file),
-                profile: i.manifest.profile,
-                cmdline: i.manifest.cmdline.clone(),
-            })
-            .filter(|g| g.vmlinux.is_file() && g.initramfs.is_file()))
+            .iter()
+            .filter(|i| i.manifest.profile == profile)
+            .find_map(|i| GuestImage::from_cached(&i.dir, &i.manifest)))
     }
 
     /// The cached image, or one built now (minutes; progress on stderr per `progress`).
@@ -64,12 +77,11 @@ impl GuestImage {
                 "no guest image, and building it failed: {e}\n  help: run `voidbox image build` and retry"
             ))
         })?;
-        Ok(GuestImage {
-            hash: info.hash,
-            vmlinux: info.vmlinux,
-            initramfs: info.initramfs,
-            profile: info.profile,
-            cmdline: info.cmdline,
+        GuestImage::from_cached(&info.dir, &info.manifest).ok_or_else(|| {
+            SandboxError::Environment(format!(
+                "the guest image just built in {} is incomplete\n  help: run `voidbox image verify`",
+                info.dir.display()
+            ))
         })
     }
 }

@@ -13,6 +13,7 @@
 //! The API is blocking; async callers run it on a blocking thread. The VMM is always
 //! forked from one long-lived thread, so its parent-death signal is tied to this process.
 
+pub mod boot;
 pub mod diagnose;
 pub mod disks;
 pub mod error;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use voidbox_protocol::{
     ExecRequest, ExecResponse, GuestInfo, GuestPolicy, OutputStream, SessionSecret,
 };
-use voidbox_vmm::config::{VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
+use voidbox_vmm::config::{DiskConfig, VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
 
 pub use error::{SandboxError, VmmExit};
 pub use guest::GuestConn;
@@ -43,7 +44,7 @@ use status::VmmEvent;
 /// Settings of one VM.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
-    /// Kernel + initramfs.
+    /// Kernel + system disk.
     pub image: GuestImage,
     /// Guest memory in MiB.
     pub memory_mb: u32,
@@ -63,6 +64,9 @@ pub struct SandboxConfig {
     pub policy: Option<GuestPolicy>,
     /// Extra kernel parameters (tests, debugging).
     pub extra_cmdline: Vec<String>,
+    /// Image disks after the system disk (`sandbox.image`, OCI skills) and the user
+    /// commands run as.
+    pub disks: disks::VmDisks,
     /// Wait this long for a graceful shutdown before killing the VMM.
     pub stop_grace: Duration,
     /// Restore this snapshot instead of booting the kernel.
@@ -90,6 +94,7 @@ impl SandboxConfig {
             runtime_dir: None,
             policy: None,
             extra_cmdline: Vec::new(),
+            disks: disks::VmDisks::default(),
             stop_grace: Duration::from_secs(2),
             restore: None,
             snapshot_control: false,
@@ -125,15 +130,29 @@ pub struct SnapshotStats {
     pub disk_bytes: u64,
 }
 
-/// Identity of what a VM boots (image, its command line, extra parameters) for snapshot
-/// keys: the VMM refuses a snapshot taken of anything else.
-pub fn image_key(image: &GuestImage, extra_cmdline: &[String]) -> String {
-    crate::image::manifest::content_hash(&(
+/// Identity of what a VM boots (image, its system disk, its command line, extra
+/// parameters) for snapshot keys: the VMM refuses a snapshot taken of anything else.
+pub fn image_key(image: &GuestImage, extra_cmdline: &[String], disks: &disks::VmDisks) -> String {
+    let base = crate::image::manifest::content_hash(&(
         &image.hash,
+        &image.system_disk_sha256,
         image.profile.as_str(),
         &image.cmdline,
         extra_cmdline,
-    ))
+    ));
+    if disks.is_empty() {
+        // Keys of VMs without image disks stay what they were.
+        return base;
+    }
+    crate::image::manifest::content_hash(&(base, disks.key_parts()))
+}
+
+/// The VMM's disks for `image`: its system disk, read-only, as `/dev/vda`.
+pub fn system_disks(image: &GuestImage) -> Vec<DiskConfig> {
+    vec![DiskConfig {
+        path: image.system_disk.clone(),
+        read_only: true,
+    }]
 }
 
 /// Where the time of a cold start went (all measured on the host).
@@ -236,16 +255,13 @@ impl Sandbox {
             None => SessionSecret::random().map_err(SandboxError::io("session secret"))?,
         };
         let compat = cfg.image.profile == Profile::Compat;
+        let mut guest_params = cfg.extra_cmdline.clone();
+        guest_params.extend(cfg.disks.boot_params());
         let config = VmConfig {
             kernel: cfg.image.vmlinux.clone(),
-            initramfs: Some(cfg.image.initramfs.clone()),
-            cmdline_extra: cmdline_extra(
-                &cfg.image,
-                compat,
-                &cfg.extra_cmdline,
-                &boot_secret.to_hex(),
-            ),
-            image_hash: image_key(&cfg.image, &cfg.extra_cmdline),
+            initramfs: cfg.image.initramfs.clone(),
+            cmdline_extra: cmdline_extra(&cfg.image, compat, &guest_params, &boot_secret.to_hex()),
+            image_hash: image_key(&cfg.image, &cfg.extra_cmdline, &cfg.disks),
             snapshot_control: cfg.snapshot_control,
             restore: cfg.restore.as_ref().map(|r| r.dir.clone()),
             memory_mb: cfg.memory_mb,
@@ -258,7 +274,7 @@ impl Sandbox {
             boot_timeout_ms: Some((cfg.boot_timeout + Duration::from_secs(5)).as_millis() as u64),
             wall_limit_ms: cfg.wall_limit.map(|d| d.as_millis() as u64),
             test_forbidden_syscall: cfg.test_forbidden_syscall,
-            disks: Vec::new(),
+            disks: cfg.disks.vm_disks(&cfg.image.system_disk),
         };
         let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
         let t0 = vmm.spawned_at();
@@ -550,7 +566,10 @@ mod tests {
         let img = GuestImage {
             hash: "h".into(),
             vmlinux: "k".into(),
-            initramfs: "i".into(),
+            system_disk: "d".into(),
+            system_disk_sha256: "s".into(),
+            agent: "a".into(),
+            initramfs: None,
             profile: Profile::Compat,
             cmdline: Profile::Compat.cmdline().into(),
         };
@@ -565,5 +584,24 @@ mod tests {
             cmdline_extra(&plain, false, &[], "ab"),
             "quiet voidbox.secret=ab"
         );
+        // The system disk's boot flags come from the image's recorded command line.
+        let disk = GuestImage {
+            cmdline: crate::image::recipe::image_cmdline(Profile::Compat),
+            ..plain
+        };
+        assert_eq!(
+            cmdline_extra(&disk, true, &[], "ab"),
+            "root=/dev/vda rootfstype=erofs ro init=/sbin/voidbox-agent voidbox.secret=ab"
+        );
+        // The key follows the disk's contents; the VMM gets the disk read-only as vda.
+        let mut other = disk.clone();
+        other.system_disk_sha256 = "t".into();
+        assert_ne!(
+            image_key(&disk, &[], &Default::default()),
+            image_key(&other, &[], &Default::default())
+        );
+        let disks = system_disks(&disk);
+        assert_eq!(disks.len(), 1);
+        assert!(disks[0].read_only && disks[0].path == std::path::Path::new("d"));
     }
 }

@@ -130,6 +130,7 @@ fn run(cmd: SnapshotCommand) -> CliResult {
                 memory_mb,
                 vcpus,
                 extra_cmdline: Vec::new(),
+                disks: Default::default(),
             };
             let key = spec.key();
             let _lock = store

@@ -37,6 +37,8 @@ pub struct GoldenSpec {
     pub vcpus: u8,
     /// Extra kernel parameters.
     pub extra_cmdline: Vec<String>,
+    /// Image disks and user.
+    pub disks: crate::sandbox::disks::VmDisks,
 }
 
 impl GoldenSpec {
@@ -47,6 +49,7 @@ impl GoldenSpec {
             memory_mb: cfg.memory_mb,
             vcpus: cfg.vcpus,
             extra_cmdline: cfg.extra_cmdline.clone(),
+            disks: cfg.disks.clone(),
         }
     }
 
@@ -56,7 +59,7 @@ impl GoldenSpec {
             "voidbox-golden-snapshot",
             env!("CARGO_PKG_VERSION"),
             voidbox_vmm::persist::format::FORMAT_VERSION,
-            image_key(&self.image, &self.extra_cmdline),
+            image_key(&self.image, &self.extra_cmdline, &self.disks),
             self.memory_mb,
             self.vcpus,
             DEVICES,
@@ -89,6 +92,7 @@ pub fn create(
     cfg.memory_mb = spec.memory_mb;
     cfg.vcpus = spec.vcpus;
     cfg.extra_cmdline = spec.extra_cmdline.clone();
+    cfg.disks = spec.disks.clone();
     cfg.launcher = opts.launcher.clone();
     cfg.boot_timeout = opts.boot_timeout;
     cfg.runtime_dir = opts.runtime_dir.clone();
@@ -101,7 +105,7 @@ pub fn create(
     let meta = Meta {
         key: key.clone(),
         image_hash: spec.image.hash.clone(),
-        image_key: image_key(&spec.image, &spec.extra_cmdline),
+        image_key: image_key(&spec.image, &spec.extra_cmdline, &spec.disks),
         extra_cmdline: spec.extra_cmdline.clone(),
         memory_mb: spec.memory_mb,
         vcpus: spec.vcpus,
@@ -285,7 +289,7 @@ pub fn explicit(
         (entry, lock)
     };
     let m = &entry.meta;
-    let want_image = image_key(&cfg.image, &cfg.extra_cmdline);
+    let want_image = image_key(&cfg.image, &cfg.extra_cmdline, &cfg.disks);
     let mismatch = if m.memory_mb != cfg.memory_mb {
         Some(format!(
             "it was taken with memory_mb {}, the node asks for {}",
@@ -450,13 +454,17 @@ mod tests {
             image: GuestImage {
                 hash: "a".repeat(64),
                 vmlinux: "/k".into(),
-                initramfs: "/i".into(),
+                system_disk: "/d".into(),
+                system_disk_sha256: "d".repeat(64),
+                agent: "/a".into(),
+                initramfs: None,
                 profile: Profile::Compat,
                 cmdline: "quiet".into(),
             },
             memory_mb: mem,
             vcpus: 1,
             extra_cmdline: vec![],
+            disks: Default::default(),
         }
     }
 
@@ -492,7 +500,7 @@ mod tests {
         let meta = Meta {
             key: s.key(),
             image_hash: s.image.hash.clone(),
-            image_key: image_key(&s.image, &[]),
+            image_key: image_key(&s.image, &[], &s.disks),
             extra_cmdline: vec![],
             memory_mb: 256,
             vcpus: 1,

@@ -20,6 +20,7 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     let kind = root.get("kind").and_then(Node::as_str);
     check_sections(root, kind, out);
     crate::validate::names::check(root, out);
+    crate::validate::images::check(root, out);
     if let Some(sandbox) = root.get("sandbox") {
         check_sandbox(sandbox, base, out);
     }
@@ -36,11 +37,7 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     if let Some(run) = root.get("run") {
         check_env(run.get("env"), out);
     }
-    crate::validate::runtimes::check(
-        root,
-        &|| crate::image::initramfs::cached_path_programs(),
-        out,
-    );
+    crate::validate::runtimes::check(root, &|| crate::image::layout::cached_path_programs(), out);
 }
 
 fn key_span(node: &Node, key: &str) -> Span {

@@ -1,5 +1,10 @@
-//! The initramfs layout: `/init` (the guest agent), busybox with its applet links,
-//! the directories the agent and runtimes use, and minimal `/etc` files.
+//! The guest's root tree, as it goes onto the system disk: the guest agent
+//! (`/sbin/voidbox-agent`, `/init` links to it), busybox with its applet links, the
+//! directories the agent and runtimes use, and minimal `/etc` files. Held as an
+//! [`Archive`] (sorted, fixed owners, modes and mtimes) so the disk is reproducible.
+//!
+//! Everything is owned by root: the agent mounts tmpfs on `/workspace`, `/home`, `/tmp` and
+//! `/run` and gives `/workspace` and `/home/sandbox` to the sandbox user at boot.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -7,35 +12,32 @@ use std::process::Command;
 
 use super::cpio::{Archive, Entry, Kind};
 use super::error::ImageError;
-use super::recipe::{EXCLUDED_APPLETS, INITRAMFS_MTIME, REQUIRED_APPLETS};
+use super::recipe::{AGENT_GUEST_PATH, EXCLUDED_APPLETS, FILE_MTIME, REQUIRED_APPLETS};
 
-/// uid/gid of the unprivileged user every guest command runs as.
-pub const SANDBOX_UID: u32 = 1000;
-
-/// Directories: (path, mode, uid).
-const DIRS: &[(&str, u32, u32)] = &[
-    ("bin", 0o755, 0),
-    ("dev", 0o755, 0),
-    ("etc", 0o755, 0),
-    ("etc/voidbox", 0o755, 0),
-    ("home", 0o755, 0),
-    ("home/sandbox", 0o755, SANDBOX_UID),
-    ("mnt", 0o755, 0),
-    ("opt", 0o755, 0),
-    ("opt/voidbox", 0o755, 0),
-    ("opt/voidbox/runtimes", 0o755, 0),
-    ("proc", 0o555, 0),
-    ("root", 0o700, 0),
-    ("run", 0o755, 0),
-    ("sbin", 0o755, 0),
-    ("sys", 0o555, 0),
-    ("tmp", 0o1777, 0),
-    ("usr", 0o755, 0),
-    ("usr/bin", 0o755, 0),
-    ("usr/sbin", 0o755, 0),
-    ("var", 0o755, 0),
-    ("var/tmp", 0o1777, 0),
-    ("workspace", 0o755, SANDBOX_UID),
+/// Directories: (path, mode).
+const DIRS: &[(&str, u32)] = &[
+    ("bin", 0o755),
+    ("dev", 0o755),
+    ("etc", 0o755),
+    ("etc/voidbox", 0o755),
+    ("home", 0o755),
+    ("home/sandbox", 0o755),
+    ("mnt", 0o755),
+    ("opt", 0o755),
+    ("opt/voidbox", 0o755),
+    ("opt/voidbox/runtimes", 0o755),
+    ("proc", 0o555),
+    ("root", 0o700),
+    ("run", 0o755),
+    ("sbin", 0o755),
+    ("sys", 0o555),
+    ("tmp", 0o1777),
+    ("usr", 0o755),
+    ("usr/bin", 0o755),
+    ("usr/sbin", 0o755),
+    ("var", 0o755),
+    ("var/tmp", 0o1777),
+    ("workspace", 0o755),
 ];
 
 const PASSWD: &str =
@@ -44,12 +46,12 @@ const GROUP: &str = "root:x:0:\nsandbox:x:1000:\n";
 const HOSTS: &str = "127.0.0.1\tlocalhost voidbox\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nhosts: files dns\n";
 
-fn entry(perm: u32, uid: u32, kind: Kind) -> Entry {
+fn entry(perm: u32, kind: Kind) -> Entry {
     Entry {
         perm,
-        uid,
-        gid: uid,
-        mtime: INITRAMFS_MTIME,
+        uid: 0,
+        gid: 0,
+        mtime: FILE_MTIME,
         kind,
     }
 }
@@ -85,26 +87,26 @@ pub fn add_executable(a: &mut Archive, path: &str, bytes: &[u8]) -> Result<(), I
         }
         dir.push_str(part);
         if a.get(&dir).is_none() {
-            a.insert(&dir, entry(0o755, 0, Kind::Dir))?;
+            a.insert(&dir, entry(0o755, Kind::Dir))?;
         }
     }
-    a.insert(path, entry(0o755, 0, Kind::File(bytes.to_vec())))?;
+    a.insert(path, entry(0o755, Kind::File(bytes.to_vec())))?;
     Ok(())
 }
 
-/// Builds the archive. `applets` are busybox's `--list-full` paths.
+/// Builds the tree. `applets` are busybox's `--list-full` paths. No device nodes: the
+/// kernel mounts devtmpfs on `/dev` (`CONFIG_DEVTMPFS_MOUNT`) before it starts the agent.
 pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive, ImageError> {
     let mut a = Archive::new();
-    for (dir, mode, uid) in DIRS {
-        a.insert(dir, entry(*mode, *uid, Kind::Dir))?;
+    for (dir, mode) in DIRS {
+        a.insert(dir, entry(*mode, Kind::Dir))?;
     }
-    // The kernel opens /dev/console for PID 1 before anything can mount devtmpfs.
+    a.insert(AGENT_GUEST_PATH, entry(0o755, Kind::File(agent.to_vec())))?;
     a.insert(
-        "dev/console",
-        entry(0o600, 0, Kind::CharDev { major: 5, minor: 1 }),
+        "init",
+        entry(0o777, Kind::Symlink(format!("/{AGENT_GUEST_PATH}"))),
     )?;
-    a.insert("init", entry(0o755, 0, Kind::File(agent.to_vec())))?;
-    a.insert("bin/busybox", entry(0o755, 0, Kind::File(busybox.to_vec())))?;
+    a.insert("bin/busybox", entry(0o755, Kind::File(busybox.to_vec())))?;
 
     let names: BTreeSet<&str> = applets
         .iter()
@@ -132,7 +134,7 @@ pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive
         if !matches!(dir, "bin" | "sbin" | "usr/bin" | "usr/sbin") {
             continue;
         }
-        a.insert(path, entry(0o777, 0, Kind::Symlink("/bin/busybox".into())))?;
+        a.insert(path, entry(0o777, Kind::Symlink("/bin/busybox".into())))?;
     }
 
     for (path, text) in [
@@ -142,7 +144,7 @@ pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive
         ("etc/hostname", "voidbox\n"),
         ("etc/nsswitch.conf", NSSWITCH),
     ] {
-        a.insert(path, entry(0o644, 0, Kind::File(text.as_bytes().to_vec())))?;
+        a.insert(path, entry(0o644, Kind::File(text.as_bytes().to_vec())))?;
     }
     a.check_parents()?;
     Ok(a)
@@ -178,14 +180,15 @@ pub fn path_programs(a: &Archive) -> Vec<String> {
     names.into_iter().collect()
 }
 
-/// The programs on `PATH` of the image in `dir`: from its manifest, else (manifests written
-/// before they were recorded) from its initramfs. `None` when neither can be read.
+/// The programs on `PATH` of the image in `dir`: from its manifest, else (old-layout
+/// manifests written before they were recorded) from its initramfs. `None` when neither can
+/// be read.
 pub fn image_path_programs(dir: &Path) -> Option<BTreeSet<String>> {
     let m = super::manifest::Manifest::load(dir).ok()?;
     if let Some(set) = m.path_program_set() {
         return Some(set);
     }
-    let bytes = std::fs::read(dir.join(&m.initramfs.file)).ok()?;
+    let bytes = std::fs::read(dir.join(&m.initramfs.as_ref()?.file)).ok()?;
     let a = Archive::parse(&bytes).ok()?;
     Some(path_programs(&a).into_iter().collect())
 }
@@ -203,23 +206,38 @@ pub fn cached_path_programs() -> Option<&'static BTreeSet<String>> {
         .as_ref()
 }
 
-/// Checks an archive for what the guest needs; returns the problems found.
+/// The guest agent's bytes in a tree, if it is there as a regular file.
+pub fn agent(a: &Archive) -> Option<&[u8]> {
+    match a.get(AGENT_GUEST_PATH) {
+        Some(Entry {
+            kind: Kind::File(data),
+            ..
+        }) => Some(data),
+        _ => None,
+    }
+}
+
+/// Checks a tree for what the guest needs; returns the problems found.
 pub fn check(a: &Archive) -> Vec<String> {
     let mut problems = Vec::new();
-    match a.get("init") {
+    match a.get(AGENT_GUEST_PATH) {
         Some(Entry {
             kind: Kind::File(data),
             perm,
             ..
         }) => {
             if perm & 0o111 == 0 {
-                problems.push("/init is not executable".into());
+                problems.push(format!("/{AGENT_GUEST_PATH} is not executable"));
             }
             if !data.starts_with(b"\x7fELF") && !data.starts_with(b"#!") {
-                problems.push("/init is neither an ELF binary nor a script".into());
+                problems.push(format!(
+                    "/{AGENT_GUEST_PATH} is neither an ELF binary nor a script"
+                ));
             }
         }
-        _ => problems.push("/init is missing or not a regular file".into()),
+        _ => problems.push(format!(
+            "/{AGENT_GUEST_PATH} is missing or not a regular file"
+        )),
     }
     if !matches!(
         a.get("bin/busybox"),
@@ -244,10 +262,10 @@ pub fn check(a: &Archive) -> Vec<String> {
             problems.push(format!("applet {applet} is missing"));
         }
     }
-    for (dir, _, uid) in DIRS {
+    for (dir, mode) in DIRS {
         match a.get(dir) {
-            Some(e) if matches!(e.kind, Kind::Dir) && e.uid == *uid => {}
-            _ => problems.push(format!("/{dir} is missing or has the wrong owner")),
+            Some(e) if matches!(e.kind, Kind::Dir) && e.perm == *mode && e.uid == 0 => {}
+            _ => problems.push(format!("/{dir} is missing or has the wrong mode or owner")),
         }
     }
     match a.get("etc/passwd") {
@@ -288,9 +306,20 @@ mod tests {
         );
         assert!(a.get("linuxrc").is_none());
         assert!(a.get("usr/bin/[").is_some());
-        assert_eq!(a.get("workspace").unwrap().uid, SANDBOX_UID);
         assert_eq!(a.get("tmp").unwrap().perm, 0o1777);
-        assert!(a.entries().all(|(_, e)| e.mtime == INITRAMFS_MTIME));
+        assert!(a
+            .entries()
+            .all(|(_, e)| e.mtime == FILE_MTIME && e.uid == 0));
+        assert_eq!(agent(&a), Some(&b"\x7fELFagent"[..]));
+        assert_eq!(
+            a.get("init").map(|e| &e.kind),
+            Some(&Kind::Symlink("/sbin/voidbox-agent".into()))
+        );
+        assert!(
+            !a.entries()
+                .any(|(_, e)| matches!(e.kind, Kind::CharDev { .. })),
+            "no device nodes: devtmpfs provides them"
+        );
         let b = build(
             b"\x7fELFagent",
             b"\x7fELFbusybox",
@@ -310,6 +339,7 @@ mod tests {
         assert!(p.contains(&"sh".to_string()) && p.contains(&"busybox".to_string()));
         assert!(p.contains(&"poweroff".to_string()) && p.contains(&"[".to_string()));
         assert!(!p.iter().any(|n| n == "init" || n == "passwd"));
+        assert!(p.contains(&"voidbox-agent".to_string()), "sbin is on PATH");
     }
 
     #[test]
@@ -334,11 +364,15 @@ mod tests {
     #[test]
     fn check_finds_problems() {
         let mut a = build(b"\x7fELFagent", b"\x7fELFbb", &applets()).unwrap();
-        a.insert("init", entry(0o644, 0, Kind::File(b"junk".to_vec())))
+        a.insert(AGENT_GUEST_PATH, entry(0o644, Kind::File(b"junk".to_vec())))
             .unwrap();
+        a.insert("tmp", entry(0o755, Kind::Dir)).unwrap();
         let p = check(&a);
         assert!(p.iter().any(|p| p.contains("not executable")));
         assert!(p.iter().any(|p| p.contains("neither an ELF")));
+        assert!(p
+            .iter()
+            .any(|p| p.contains("/tmp is missing or has the wrong mode")));
     }
 
     #[test]
