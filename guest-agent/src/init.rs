@@ -73,19 +73,21 @@ pub fn log_boot_marks() {
     }
 }
 
-/// Reads the agent's own binary into the page cache in one go (a few large disk reads)
-/// instead of one small read per page fault as its code is first run.
-pub fn prefetch_self() {
-    let Some(exe) = std::env::args_os().next() else {
-        return;
-    };
-    let Ok(f) = std::fs::File::open(&exe) else {
-        return;
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or_default();
-    use std::os::fd::AsRawFd;
-    // SAFETY: readahead on a file descriptor we own; it only fills the page cache.
-    unsafe { libc::readahead(f.as_raw_fd(), 0, len as usize) };
+/// TEMP experiment: no read-around for the agent's own mappings.
+pub fn random_access_self() {
+    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: libc::size_t, _data: *mut libc::c_void) -> libc::c_int {
+        let info = &*info;
+        for i in 0..info.dlpi_phnum as usize {
+            let ph = &*info.dlpi_phdr.add(i);
+            if ph.p_type == libc::PT_LOAD {
+                let start = (info.dlpi_addr + ph.p_vaddr) as usize & !4095;
+                let end = (info.dlpi_addr + ph.p_vaddr + ph.p_memsz) as usize;
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
+            }
+        }
+        1
+    }
+    unsafe { libc::dl_iterate_phdr(Some(cb), std::ptr::null_mut()) };
 }
 
 /// Whether `/` is the read-only erofs system disk.

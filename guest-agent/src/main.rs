@@ -11,8 +11,7 @@ fn main() -> ExitCode {
     let is_init = unsafe { libc::getpid() } == 1;
     if is_init {
         init::boot_mark("agent started");
-        init::prefetch_self();
-        init::boot_mark("prefetched");
+        if std::env::var_os("VOIDBOX_RANDOM").is_some() || true { init::random_access_self(); }
         init::ensure_stdio();
         // A panic must never end PID 1 (the kernel would panic): log it; the thread dies.
         std::panic::set_hook(Box::new(|info| log!("panic: {info}")));

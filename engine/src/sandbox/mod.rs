@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use voidbox_protocol::{
     ExecRequest, ExecResponse, GuestInfo, GuestPolicy, OutputStream, SessionSecret,
 };
-use voidbox_vmm::config::{DiskConfig, VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
+use voidbox_vmm::config::{VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
 
 pub use error::{SandboxError, VmmExit};
 pub use guest::GuestConn;
@@ -145,14 +145,6 @@ pub fn image_key(image: &GuestImage, extra_cmdline: &[String], disks: &disks::Vm
         return base;
     }
     crate::image::manifest::content_hash(&(base, disks.key_parts()))
-}
-
-/// The VMM's disks for `image`: its system disk, read-only, as `/dev/vda`.
-pub fn system_disks(image: &GuestImage) -> Vec<DiskConfig> {
-    vec![DiskConfig {
-        path: image.system_disk.clone(),
-        read_only: true,
-    }]
 }
 
 /// Where the time of a cold start went (all measured on the host).
@@ -600,7 +592,7 @@ mod tests {
             image_key(&disk, &[], &Default::default()),
             image_key(&other, &[], &Default::default())
         );
-        let disks = system_disks(&disk);
+        let disks = disks::VmDisks::default().vm_disks(&disk.system_disk);
         assert_eq!(disks.len(), 1);
         assert!(disks[0].read_only && disks[0].path == std::path::Path::new("d"));
     }
