@@ -1,6 +1,6 @@
-//! Guest init duties when the agent is PID 1: a writable root over the read-only system
-//! disk, mounts, hostname, loopback, hardening sysctls, hiding the session secret, boot
-//! timestamps, and powering the VM off.
+//! Guest init duties when the agent is PID 1: the root (the read-only system disk, or an
+//! overlay on it when skill disks need mount points), mounts, hostname, loopback,
+//! hardening sysctls, hiding the session secret, boot timestamps, and powering the VM off.
 //!
 //! Everything here is best effort: a missing filesystem type (e.g. a kernel without
 //! sysfs) is logged and skipped, because PID 1 must never exit.
@@ -8,6 +8,7 @@
 use std::ffi::CString;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -40,54 +41,59 @@ pub fn uptime() -> Duration {
 /// [`log_boot_marks`] once `voidbox.debug` is known).
 pub fn boot_mark(step: &'static str) {
     let t = uptime();
-    // TEMP: page faults
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let _ = (ru.ru_minflt, ru.ru_majflt);
-    FAULTS
-        .lock()
-        .map(|mut f| f.push((ru.ru_minflt, ru.ru_majflt)))
-        .ok();
     if let Ok(mut m) = BOOT_MARKS.lock() {
         m.push((step, t));
     }
 }
-static FAULTS: Mutex<Vec<(i64, i64)>> = Mutex::new(Vec::new());
 
 /// Logs the boot steps with the guest's uptime at each (debug only): where the time from
-/// kernel start to a listening agent went.
+/// kernel start to a listening agent went. (The uptime clock may lag the host's by the
+/// early-boot time the kernel counted on jiffies; differences between steps are exact.)
 pub fn log_boot_marks() {
     if !crate::debug_enabled() {
         return;
     }
     if let Ok(m) = BOOT_MARKS.lock() {
-        let f = FAULTS.lock().map(|f| f.clone()).unwrap_or_default();
-        for (i, (step, t)) in m.iter().enumerate() {
+        let start = m.first().map(|(_, t)| *t).unwrap_or_default();
+        for (step, t) in m.iter() {
             crate::log!(
-                "boot {:>9.3} ms  {step} faults {:?} now {:.3}",
-                t.as_secs_f64() * 1e3,
-                f.get(i),
-                uptime().as_secs_f64()
+                "boot: {step} at {:.3} s (+{:.0} ms)",
+                t.as_secs_f64(),
+                t.saturating_sub(start).as_secs_f64() * 1e3
             );
         }
     }
 }
 
-/// TEMP experiment: no read-around for the agent's own mappings.
-pub fn random_access_self() {
-    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _size: libc::size_t, _data: *mut libc::c_void) -> libc::c_int {
-        let info = &*info;
-        for i in 0..info.dlpi_phnum as usize {
-            let ph = &*info.dlpi_phdr.add(i);
-            if ph.p_type == libc::PT_LOAD {
-                let start = (info.dlpi_addr + ph.p_vaddr) as usize & !4095;
-                let end = (info.dlpi_addr + ph.p_vaddr + ph.p_memsz) as usize;
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
-            }
-        }
-        1
+/// What PID 1 made of the root it was started on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootMode {
+    /// Not the system disk (an initramfs boot, or the agent is not PID 1): left alone.
+    Other,
+    /// The read-only erofs system disk; tmpfs mounts make the writable paths writable.
+    ReadOnly,
+    /// An overlay of the system disk and a tmpfs: every path is writable.
+    Overlay,
+}
+
+static ROOT_MODE: AtomicU8 = AtomicU8::new(0);
+
+/// What [`prepare_root`] made of the root.
+pub fn root_mode() -> RootMode {
+    match ROOT_MODE.load(Ordering::Relaxed) {
+        1 => RootMode::ReadOnly,
+        2 => RootMode::Overlay,
+        _ => RootMode::Other,
     }
-    unsafe { libc::dl_iterate_phdr(Some(cb), std::ptr::null_mut()) };
+}
+
+fn set_root_mode(m: RootMode) {
+    let v = match m {
+        RootMode::Other => 0,
+        RootMode::ReadOnly => 1,
+        RootMode::Overlay => 2,
+    };
+    ROOT_MODE.store(v, Ordering::Relaxed);
 }
 
 /// Whether `/` is the read-only erofs system disk.
@@ -101,23 +107,45 @@ pub fn root_is_erofs() -> bool {
     st.f_type as i64 == EROFS_SUPER_MAGIC
 }
 
-/// The first thing PID 1 does on the system disk: makes `/` writable by pivoting into an
-/// overlay of the read-only erofs root (lower) and a tmpfs (upper, discarded with the VM).
-/// Any path can then be created — mount points for skill disks included — while
-/// `/workspace`, `/home`, `/tmp` and `/run` get their own tmpfs mounts as before. Does
-/// nothing when the root is not erofs (an initramfs boot); on failure the root stays
-/// read-only and the failure is logged.
-pub fn writable_root() {
+/// Whether the boot parameters need a writable root: skill disks (`voidbox.mount=`) are
+/// mounted at any path of the system root, and their mount points may not exist on the
+/// read-only system disk.
+pub fn needs_writable_root(cmdline: &str) -> bool {
+    crate::cmdline::split_cmdline(cmdline)
+        .iter()
+        .any(|t| t.starts_with("voidbox.mount="))
+}
+
+/// The first thing PID 1 does on the read-only erofs system disk (nothing elsewhere):
+/// mounts `/proc` and reads the boot parameters. When they ask for skill disks
+/// ([`needs_writable_root`]) it makes `/` writable — a tmpfs on the disk's `/run`, an
+/// overlay of `/` (lower) and that tmpfs (upper, discarded with the VM) on `/run/root`, a
+/// `pivot_root` into it, the old root detached — so mount points can be created anywhere.
+/// Otherwise the root stays read-only: [`mount_filesystems`] puts tmpfs on every path that
+/// is written (`/workspace`, `/home`, `/tmp`, `/run`, `/etc/voidbox`), which boots ≈0.4 s
+/// faster on a host that interprets guest kernel code (the overlay's mount and pivot) with
+/// no difference for commands (they run as the sandbox user, who may write nowhere else).
+/// If the overlay fails the root stays read-only and the failure is logged.
+pub fn prepare_root() {
     if !root_is_erofs() {
         return;
     }
-    if let Err(e) = overlay_root(Path::new(OVERLAY_BASE)) {
-        crate::log!("the root stays read-only: {e}");
+    set_root_mode(RootMode::ReadOnly);
+    if let Err(e) = mount(&MOUNTS[0]) {
+        crate::log!("mount proc on /proc: {e}");
+    }
+    let raw = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if !needs_writable_root(&raw) {
+        return;
+    }
+    match overlay_root(Path::new(OVERLAY_BASE)) {
+        Ok(()) => set_root_mode(RootMode::Overlay),
+        Err(e) => crate::log!("the root stays read-only: {e}"),
     }
 }
 
 /// Mounts a tmpfs on `base`, an overlay of `/` and that tmpfs on `base/root`, and pivots
-/// into it (the old root is detached).
+/// into it (the old root and everything mounted on it are detached).
 fn overlay_root(base: &Path) -> Result<(), String> {
     mount::mount(
         Path::new("tmpfs"),
@@ -208,6 +236,15 @@ const MOUNTS: &[MountSpec] = &[
     },
 ];
 
+/// `/etc/voidbox` on a read-only root: the host writes the guest's configuration there.
+const ETC_VOIDBOX: MountSpec = MountSpec {
+    source: "tmpfs",
+    target: "/etc/voidbox",
+    fstype: "tmpfs",
+    flags: NOSUID_NODEV | libc::MS_NOEXEC,
+    data: "mode=0755",
+};
+
 fn c(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
@@ -277,15 +314,17 @@ pub fn ensure_stdio() {
     }
 }
 
-/// Mounts the guest's filesystems (proc first: the boot parameters live there) and
-/// prepares `/workspace`, `/home/sandbox`, `/dev/shm` and `/etc/voidbox`. Every system
-/// call here is interpreted guest-kernel work on some hosts, so nothing is done twice:
-/// `/workspace` gets its owner and mode from its mount options, the system disk already
-/// has `/etc/voidbox` (root, 0755), and `/dev/shm` is a directory of the devtmpfs.
+/// Mounts the guest's filesystems (proc first: the boot parameters live there; already
+/// there on a read-only root) and prepares `/workspace`, `/home/sandbox`, `/dev/shm` and
+/// `/etc/voidbox` (a tmpfs too on a read-only root). Every system call here is interpreted
+/// guest-kernel work on some hosts, so nothing is done twice: `/workspace` gets its owner
+/// and mode from its mount options, the system disk already has `/etc/voidbox` (root,
+/// 0755), and `/dev/shm` is a directory of the devtmpfs.
 pub fn mount_filesystems() {
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0o022) };
-    for m in MOUNTS {
+    let etc = (root_mode() == RootMode::ReadOnly).then_some(&ETC_VOIDBOX);
+    for m in MOUNTS.iter().chain(etc) {
         if let Err(e) = mount(m) {
             match e.raw_os_error() {
                 // Already mounted (e.g. the kernel's devtmpfs automount).
@@ -326,7 +365,6 @@ pub fn mount_filesystems() {
 
 /// Sets the hostname (default `voidbox`) and brings up loopback.
 pub fn configure(hostname: Option<&str>) {
-    boot_mark("configure");
     let name = hostname.unwrap_or("voidbox");
     // SAFETY: pointer/length pair of a live string.
     if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
@@ -340,7 +378,6 @@ pub fn configure(hostname: Option<&str>) {
 /// Replaces `/proc/cmdline` (readable by every user) with a copy whose `voidbox.secret`
 /// value is redacted, by bind-mounting a file from `/run` over it.
 pub fn hide_cmdline_secret(raw: &str) -> io::Result<()> {
-    boot_mark("hide secret");
     let redacted: Vec<String> = crate::cmdline::split_cmdline(raw)
         .into_iter()
         .map(|t| {
@@ -445,5 +482,41 @@ pub fn power_off(mode: ShutdownMode) -> ! {
     loop {
         // PID 1 must not exit (that panics the kernel); wait for the VMM to kill us.
         std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_skill_disks_need_a_writable_root() {
+        assert!(needs_writable_root(
+            "console=ttyS0 voidbox.secret=ab voidbox.mount=vdb:/skills/py:ro"
+        ));
+        assert!(!needs_writable_root(
+            "console=ttyS0 root=/dev/vda voidbox.rootfs=vdb voidbox.user=1001:1001"
+        ));
+        // Only the parameter itself counts, not a value that mentions it.
+        assert!(!needs_writable_root("voidbox.hostname=voidbox.mount=x"));
+        assert!(!needs_writable_root(""));
+    }
+
+    #[test]
+    fn proc_is_mounted_first() {
+        // `prepare_root` mounts MOUNTS[0] to read the boot parameters.
+        assert_eq!(MOUNTS[0].target, "/proc");
+        assert_eq!(MOUNTS[0].fstype, "proc");
+        assert!(!MOUNTS.iter().any(|m| m.target == "/etc/voidbox"));
+    }
+
+    #[test]
+    fn boot_marks_keep_their_order() {
+        boot_mark("first");
+        boot_mark("second");
+        let m = BOOT_MARKS.lock().unwrap();
+        let i = m.iter().position(|(s, _)| *s == "first").unwrap();
+        assert_eq!(m[i + 1].0, "second");
+        assert!(m[i + 1].1 >= m[i].1);
     }
 }

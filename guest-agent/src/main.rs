@@ -11,13 +11,13 @@ fn main() -> ExitCode {
     let is_init = unsafe { libc::getpid() } == 1;
     if is_init {
         init::boot_mark("agent started");
-        if std::env::var_os("VOIDBOX_RANDOM").is_some() || true { init::random_access_self(); }
         init::ensure_stdio();
         // A panic must never end PID 1 (the kernel would panic): log it; the thread dies.
         std::panic::set_hook(Box::new(|info| log!("panic: {info}")));
-        // Before anything else touches the file system: `/` becomes writable.
-        init::writable_root();
-        init::boot_mark("root writable");
+        // Before anything else touches the file system: on the system disk, `/` stays
+        // read-only or becomes an overlay.
+        init::prepare_root();
+        init::boot_mark("root prepared");
     }
     // Before any other thread exists: every thread inherits the blocked SIGCHLD.
     if let Err(e) = Reaper::start() {

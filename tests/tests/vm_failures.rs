@@ -10,8 +10,8 @@ use voidbox_tests::vm::{guest_image, sandbox_config};
 fn guest_kernel_panic_is_reported_with_the_console_tail() {
     let Some(image) = guest_image() else { return };
     let mut cfg = sandbox_config(image, VOIDBOX);
-    // No /init to run → the kernel tries a root device, finds none, and panics.
-    cfg.extra_cmdline = vec!["rdinit=/nonexistent".into()];
+    // An init that is not on the system disk: the kernel panics ("Requested init … failed").
+    cfg.extra_cmdline = vec!["init=/nonexistent".into()];
     match Sandbox::start(&cfg) {
         Err(SandboxError::BootFailed(exit)) => {
             assert_eq!(exit.code, Some(10), "{exit}");
@@ -27,7 +27,7 @@ fn guest_kernel_panic_is_reported_with_the_console_tail() {
             );
         }
         Err(e) => panic!("expected a kernel panic, got: {e}"),
-        Ok(_) => panic!("the guest booted despite rdinit=/nonexistent"),
+        Ok(_) => panic!("the guest booted despite init=/nonexistent"),
     }
 }
 
