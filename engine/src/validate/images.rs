@@ -4,6 +4,7 @@
 //! exactly what a pull would: `voidbox::invalid_image_reference` at the value.
 //! Empty values are left to the schema and to `apply`.
 
+use super::semantic::items;
 use crate::diagnostic::Diagnostic;
 use crate::spec::yaml::{Node, NodeKind};
 
@@ -60,13 +61,6 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
             s.get("sandbox").and_then(|s| s.get("image")),
             &format!("workflow.steps[{i}].sandbox.image"),
         );
-    }
-}
-
-fn items(node: Option<&Node>) -> &[Node] {
-    match node.map(|n| &n.kind) {
-        Some(NodeKind::Seq(items)) => items,
-        _ => &[],
     }
 }
 

@@ -2,9 +2,10 @@
 //! refused with `voidbox::bad_name` when they hold `/`, `\`, NUL or control characters, or
 //! are `.` / `..` ([`crate::names::name_problem`]). Every other name is encoded safely.
 
+use super::semantic::items;
 use crate::diagnostic::Diagnostic;
 use crate::names::name_problem;
-use crate::spec::yaml::{Node, NodeKind};
+use crate::spec::yaml::Node;
 
 /// Reports every refused name in the spec.
 pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
@@ -33,13 +34,6 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
     }
     for s in items(root.get("workflow").and_then(|w| w.get("steps"))) {
         one(s.get("name"), "step");
-    }
-}
-
-fn items(node: Option<&Node>) -> &[Node] {
-    match node.map(|n| &n.kind) {
-        Some(NodeKind::Seq(items)) => items,
-        _ => &[],
     }
 }
 

@@ -44,7 +44,8 @@ fn key_span(node: &Node, key: &str) -> Span {
     node.entry(key).map_or(node.span, |(k, _)| k.span)
 }
 
-fn items(node: Option<&Node>) -> &[Node] {
+/// The items of a YAML sequence node (none when it is absent or not a sequence).
+pub(crate) fn items(node: Option<&Node>) -> &[Node] {
     match node.map(|n| &n.kind) {
         Some(NodeKind::Seq(items)) => items,
         _ => &[],
