@@ -203,8 +203,8 @@ fn ls_verify_rm_on_a_temp_cache() {
     assert_eq!(out.trim(), "[]");
 }
 
-/// An image of the old layout (kernel + initramfs) is listed and removable, fails
-/// verification, and is never what the engine boots.
+/// An image of the old layout (kernel + initramfs) is listed and removable, is stale when
+/// verifying everything, fails verification when named, and is never what the engine boots.
 #[test]
 fn old_layout_images_are_listed_but_never_booted() {
     let tmp = tempfile::tempdir().unwrap();
@@ -227,9 +227,18 @@ fn old_layout_images_are_listed_but_never_booted() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("old layout"), "{out}");
     assert!(!err.contains("warning"), "{err}");
+    // Verifying everything reports it as stale (unused, not corrupt) and passes; naming it
+    // fails.
     let (code, out, _) = voidbox(root, &["verify"]);
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("stale {}", &m.hash[..12])), "{out}");
     assert!(out.contains("old layout"), "{out}");
+    let (code, out, _) = voidbox(root, &["verify", &m.hash[..12]]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAILED") && out.contains("old layout"),
+        "{out}"
+    );
     assert!(voidbox::sandbox::GuestImage::from_cached(&old_dir, &m).is_none());
     let (code, _, err) = voidbox(root, &["rm", &m.hash[..12]]);
     assert_eq!(code, 0, "{err}");

@@ -374,7 +374,8 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             cache_dir,
         } => {
             let cache = Cache::open(cache_dir.as_deref())?;
-            let targets = if hashes.is_empty() {
+            let implicit = hashes.is_empty();
+            let targets = if implicit {
                 cache.find("")?
             } else {
                 hashes
@@ -392,6 +393,23 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             let mut out = Vec::new();
             let tmp = cache.tmp_dir()?;
             for h in targets {
+                // Images of the old layout are never booted by this voidbox: verifying "all"
+                // reports them as stale (they are unused, not corrupt); naming one still fails.
+                if implicit
+                    && manifest::Manifest::load(&cache.image_dir(&h))
+                        .is_ok_and(|m| m.format == manifest::LEGACY_FORMAT)
+                {
+                    if format == Format::Human {
+                        println!(
+                            "stale {}: old layout (kernel + initramfs), never booted; \
+                             remove it with `voidbox image rm {}`",
+                            &h[..12],
+                            &h[..12]
+                        );
+                    }
+                    out.push(serde_json::json!({"hash": h, "ok": true, "stale": true}));
+                    continue;
+                }
                 let scratch = tempfile::Builder::new()
                     .prefix("verify-")
                     .tempdir_in(&tmp)
