@@ -26,9 +26,10 @@ apt_install() {
 # graphviz renders the DOT output; gcc + libc6-dev build the static guest-side checker of
 # tests/tests/vm_xstate.rs; erofs-utils + fakeroot make the guest's system disk and the OCI
 # image disks; docker-registry (a real OCI registry), skopeo, umoci, busybox-static and
-# python3 build and serve the OCI fixture images of the registry tests.
+# python3 build and serve the OCI fixture images of the registry tests; dnsmasq-base is the
+# real resolver the network tests point the NAT's DNS upstream at.
 apt_install graphviz gcc libc6-dev erofs-utils fakeroot docker-registry skopeo umoci \
-  busybox-static python3
+  busybox-static python3 dnsmasq-base
 
 echo "==> building voidbox"
 cargo build --release -p voidbox

@@ -149,6 +149,7 @@ fn part2() {
             Arc::new(|m: &str| eprintln!("{m}")),
         )
         .unwrap_or_else(|e| panic!("{e}")),
+        dns_upstreams: Vec::new(),
     });
     let width = std::env::var("VOIDBOX_BENCH_WIDTH")
         .ok()

@@ -417,9 +417,9 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
     ExitCode::from(crate::apply::apply(plan, &opts))
 }
 
-/// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), else
-/// the plan. Checks that need the guest image run when it is cached; without it they are
-/// named as deferred.
+/// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), and a
+/// bad `VOIDBOX_DNS_UPSTREAMS` when a node has network (exit 2), else the plan. Checks that
+/// need the guest image run when it is cached; without it they are named as deferred.
 fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snapshots: bool) -> u8 {
     use crate::apply::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
@@ -442,6 +442,10 @@ fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snaps
     if !r.is_empty() {
         eprint!("{}", refusals::render(src, &r));
         return refusals::EXIT_REFUSED;
+    }
+    if let Err(e) = crate::apply::dns_upstreams(plan) {
+        eprintln!("error: {e}");
+        return 2;
     }
     print!("{}", render(plan, GraphFormat::Text));
     0

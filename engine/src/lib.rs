@@ -19,6 +19,7 @@
 //! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
 //! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
 //! | [`oci`] | OCI images: pulls for `sandbox.image`, `voidbox pull` and `voidbox oci` |
+//! | [`network`] | guest networking: policy checks, DNS upstreams, `voidbox run` flags, NAT config |
 //! | [`suggest`] | "did you mean" suggestions |
 //! | [`limits`] | the one set of memory, vCPU and timeout limits every layer uses |
 //! | [`names`] | which names are refused, and how a name becomes a host file name |
@@ -29,6 +30,7 @@ pub mod diagnostic;
 pub mod image;
 pub mod limits;
 pub mod names;
+pub mod network;
 pub mod oci;
 pub mod plan;
 pub mod run;

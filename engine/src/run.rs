@@ -2,7 +2,11 @@
 //!
 //! Exit codes: the guest command's own code (a signal `n` → 128+n, a guest timeout → 124,
 //! not startable → 127, refused by the guest policy → 126); 3 environment (no KVM, no
-//! guest image); 125 the VM failed (boot failure, VMM crash — the console tail is quoted).
+//! guest image); 125 the VM failed (boot failure, VMM crash — the console tail is quoted);
+//! 2 usage (a bad `--env`, network flag or `VOIDBOX_DNS_UPSTREAMS`).
+//!
+//! `--network` (or any policy flag) gives the VM a network device behind a user-mode NAT;
+//! what the NAT denied is listed on stderr after the command.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -44,6 +48,9 @@ pub struct RunArgs {
     /// Cold-boot the VM instead of restoring it from the golden snapshot.
     #[arg(long)]
     pub no_snapshot: bool,
+    /// Network device and policy.
+    #[command(flatten)]
+    pub network: crate::network::flags::NetworkArgs,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -76,6 +83,24 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
             }
         }
     }
+    let policy = match args.network.policy() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(2);
+        }
+    };
+    let dns_upstreams = match policy
+        .as_ref()
+        .map(|_| crate::network::upstreams::from_env())
+    {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return Ok(2);
+        }
+        Some(Ok(u)) => u,
+        None => Vec::new(),
+    };
     check_kvm()?;
     let image = match GuestImage::cached()? {
         Some(i) => i,
@@ -88,6 +113,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
+    cfg.network = policy.map(|p| crate::network::nat_config(p, &dns_upstreams));
     let timeout = Timeout::flag(args.timeout);
     // Host-side backstop: the VMM exits on its own once the guest had its full time.
     cfg.wall_limit = Some(cfg.boot_timeout + Duration::from_secs(timeout.secs + 60));
@@ -146,8 +172,23 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         }
         Err(e) => return Err(e),
     };
-    sb.stop();
+    let end = sb.stop();
+    if !end.net_denials.is_empty() {
+        eprintln!("voidbox: {}", denied_summary(&end.net_denials));
+        for l in crate::network::denial_lines(&end.net_denials, 10) {
+            eprintln!("voidbox:   {l}");
+        }
+    }
     Ok(code)
+}
+
+/// `network: 3 connection attempts denied`.
+fn denied_summary(d: &[voidbox_net::Denial]) -> String {
+    let n = crate::network::denial_total(d);
+    format!(
+        "network: {n} connection attempt{} denied",
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 /// Maps a guest exec result to a shell-style exit code; `timeout` is the limit the guest
@@ -220,7 +261,7 @@ mod tests {
     #[test]
     fn parses_trailing_command() {
         use clap::Parser;
-        #[derive(clap::Parser)]
+        #[derive(Debug, clap::Parser)]
         struct T {
             #[command(flatten)]
             a: RunArgs,
@@ -237,5 +278,16 @@ mod tests {
         assert_eq!((t.a.memory_mb, t.a.vcpus), (4096, 32));
         assert!(T::try_parse_from(["x", "--memory-mb", "63", "ls"]).is_err());
         assert!(T::try_parse_from(["x", "--timeout", "86401", "ls"]).is_err());
+        // Network flags come before the command; after it they are the command's.
+        let t =
+            T::try_parse_from(["x", "--allow-host-port", "11434", "curl", "--allow", "x"]).unwrap();
+        assert_eq!(t.a.network.allow_host_ports, [11434]);
+        assert_eq!(t.a.command, ["curl", "--allow", "x"]);
+        let p = t.a.network.policy().unwrap().expect("network on");
+        assert_eq!(p.allow_host_ports, [11434]);
+        let t = T::try_parse_from(["x", "ls"]).unwrap();
+        assert_eq!(t.a.network.policy().unwrap(), None);
+        let e = T::try_parse_from(["x", "--allow", "10.0.0.1/8", "ls"]).unwrap_err();
+        assert!(e.to_string().contains("did you mean `10.0.0.0/8`"), "{e}");
     }
 }

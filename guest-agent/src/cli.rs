@@ -29,6 +29,7 @@ use voidbox_protocol::SessionSecret;
 
 use crate::cmdline::{BootParams, DEFAULT_PORT};
 use crate::exec::ExecEnv;
+use crate::net::NetState;
 use crate::policy::Policy;
 use crate::rekey::RekeyMode;
 use crate::server::{AgentConfig, Listen};
@@ -145,6 +146,11 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         }
         None => PathBuf::from("/"),
     };
+    if params.net != crate::net::NetParam::Absent {
+        crate::log!(
+            "warning: voidbox.net is ignored outside a VM (the host's network is left alone)"
+        );
+    }
     if flags.rekey == RekeyMode::System {
         crate::log!("warning: --rekey system: a Rekey reseeds this host's RNG and sets its clock");
     }
@@ -164,6 +170,7 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         shutdown_mode: params.shutdown,
         vsock_any_peer: true,
         rekey: flags.rekey,
+        net: NetState::Off,
     })
 }
 
@@ -201,6 +208,11 @@ pub fn guest_config() -> AgentConfig {
         crate::log!("warning: {w}");
     }
     crate::init::configure(params.hostname.as_deref());
+    let hostname = params
+        .hostname
+        .as_deref()
+        .unwrap_or(crate::init::DEFAULT_HOSTNAME);
+    let net = crate::net::boot(&params.net, hostname, &crate::disks::Layout::guest());
     let secret = params.secret.unwrap_or_else(|| {
         crate::log!(
             "error: no voidbox.secret= on the kernel command line; no connection can authenticate"
@@ -221,6 +233,7 @@ pub fn guest_config() -> AgentConfig {
         vsock_any_peer: false,
         // Clones of one snapshot must never keep a shared RNG state or a stale clock.
         rekey: RekeyMode::System,
+        net,
     }
 }
 

@@ -23,6 +23,7 @@
 //! | `voidbox.rootfs=vdX` | the node's OCI image disk: commands run in it ([`crate::disks`]) |
 //! | `voidbox.user=UID:GID` | identity of commands (default 1000:1000; root refused) |
 //! | `voidbox.mount=vdX:/path:ro\|rw` | an OCI skill disk mounted at `/path` (repeatable) |
+//! | `voidbox.net=ADDR/PREFIX,GATEWAY,DNS` | the network interface, route and resolver ([`crate::net`]); an invalid value fails every exec |
 
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ use voidbox_protocol::{valid_allow_entry, GuestPolicy, SessionSecret};
 
 use crate::auth::{scrub_string, secret_from_hex};
 use crate::disks::DiskParams;
+use crate::net::NetParam;
 
 /// Default vsock port of the agent.
 pub const DEFAULT_PORT: u32 = 1234;
@@ -64,6 +66,9 @@ pub struct BootParams {
     pub debug: bool,
     /// Disks (`voidbox.rootfs`, `voidbox.user`, `voidbox.mount`).
     pub disks: DiskParams,
+    /// Network (`voidbox.net`). An invalid value is kept here, not in `warnings`: it is an
+    /// error that boot reports ([`crate::net::boot`]).
+    pub net: NetParam,
     /// Problems found while parsing (reported on the console, never fatal).
     pub warnings: Vec<String>,
 }
@@ -139,6 +144,7 @@ impl BootParams {
             }
             "debug" => self.debug = parse_bool(value)?,
             "rootfs" | "user" | "mount" => self.disks.apply(key, value)?,
+            "net" => self.net.apply(value),
             _ => return Err("unknown parameter (ignored)".into()),
         }
         Ok(())

@@ -401,11 +401,16 @@ pub struct RootPlan {
 
 /// Plans the image root on `device`, with the skills of `skills` (mounted in the system
 /// root beforehand) brought inside. `sysfs`: whether the system root has a sysfs at `/sys`.
+/// `net`: whether the network is up, with its `/etc/resolv.conf` and `/etc/hosts` in
+/// [`crate::net::files_dir`]: both are then bound over the image's (required); without
+/// network only the system root's `/etc/hosts` is, if it has one, and the image keeps its
+/// own `/etc/resolv.conf`.
 pub fn root_plan(
     layout: &Layout,
     device: &str,
     skills: &[SkillDisk],
     sysfs: bool,
+    net: bool,
 ) -> Result<RootPlan, String> {
     let base = layout.run.join("rootfs");
     let merged = base.join("merged");
@@ -433,10 +438,15 @@ pub fn root_plan(
     for tree in BOUND_TREES {
         inside.push(bind(layout.system_path(tree), tree, false, true));
     }
-    for file in ["/etc/hosts", "/etc/resolv.conf"] {
-        let source = layout.system_path(file);
+    if net {
+        let dir = crate::net::files_dir(layout);
+        for (file, name) in crate::net::FILES {
+            inside.push(bind(dir.join(name), file, true, true));
+        }
+    } else {
+        let source = layout.system_path("/etc/hosts");
         if source.is_file() {
-            inside.push(bind(source, file, true, false));
+            inside.push(bind(source, "/etc/hosts", true, false));
         }
     }
     for s in skills {
@@ -455,8 +465,8 @@ pub fn root_plan(
 
 /// Sets up the disks of `params` and returns the root commands run in (logging every
 /// problem on the console). With a `voidbox.user`, `/workspace` and `/home/sandbox` are
-/// handed to that user.
-pub fn setup(params: &DiskParams, layout: &Layout) -> ExecRoot {
+/// handed to that user. `net`: whether the network is up (see [`root_plan`]).
+pub fn setup(params: &DiskParams, layout: &Layout, net: bool) -> ExecRoot {
     let started = Instant::now();
     let mut failures: Vec<String> = params.invalid.clone();
     if let Some(user) = params.user {
@@ -485,7 +495,7 @@ pub fn setup(params: &DiskParams, layout: &Layout) -> ExecRoot {
     let mut root = ExecRoot::System;
     if let Some(device) = &params.rootfs {
         let sysfs = mount::is_sysfs(Path::new("/sys"));
-        let built = root_plan(layout, device, &mounted, sysfs).and_then(ImageRoot::build);
+        let built = root_plan(layout, device, &mounted, sysfs, net).and_then(ImageRoot::build);
         match built {
             Ok(image) => root = ExecRoot::Image(image),
             Err(e) => failures.push(format!("image root {device}: {e}")),
@@ -495,7 +505,9 @@ pub fn setup(params: &DiskParams, layout: &Layout) -> ExecRoot {
         crate::log!("error: disk setup: {f}");
     }
     if !failures.is_empty() {
-        return ExecRoot::Broken(failures.join("; ").into());
+        return ExecRoot::Broken(
+            format!("the node's disks failed at boot: {}", failures.join("; ")).into(),
+        );
     }
     if !params.is_empty() {
         crate::log!(
@@ -511,23 +523,24 @@ pub fn setup(params: &DiskParams, layout: &Layout) -> ExecRoot {
     root
 }
 
-/// Boot-time entry point (PID 1, after the base filesystems are mounted): reads the disk
-/// parameters from `/proc/cmdline` (their warnings were logged when the command line was
-/// first parsed), sets the disks up and records the exec root and user in `config`.
+/// Boot-time entry point (PID 1, after the base filesystems are mounted and the network
+/// is configured): reads the disk parameters from `/proc/cmdline` (their warnings were
+/// logged when the command line was first parsed), sets the disks up and records the exec
+/// root and user in `config`. A network that failed at boot ([`crate::net::NetState`])
+/// breaks the exec root too.
 pub fn attach(mut config: AgentConfig) -> AgentConfig {
-    let params = match crate::cmdline::read_boot_params("/proc/cmdline") {
-        Ok(p) => p.disks,
-        Err(e) => {
-            crate::log!("error: cannot read /proc/cmdline for the disks: {e}");
-            return config;
+    match crate::cmdline::read_boot_params("/proc/cmdline") {
+        Ok(p) if p.disks.is_empty() && p.disks.user.is_none() => {}
+        Ok(p) => {
+            config.exec_env.root = setup(&p.disks, &Layout::guest(), config.net.is_up());
+            if let (Some(user), Some(_)) = (p.disks.user, config.exec_env.creds) {
+                config.exec_env.creds = Some(user);
+            }
         }
-    };
-    if params.is_empty() && params.user.is_none() {
-        return config;
+        Err(e) => crate::log!("error: cannot read /proc/cmdline for the disks: {e}"),
     }
-    config.exec_env.root = setup(&params, &Layout::guest());
-    if let (Some(user), Some(_)) = (params.user, config.exec_env.creds) {
-        config.exec_env.creds = Some(user);
+    if let Some(why) = config.net.failure() {
+        config.exec_env.root = config.exec_env.root.also_broken(why);
     }
     config
 }

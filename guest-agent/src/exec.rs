@@ -8,8 +8,9 @@
 //!   and exit code 127. Children of an allowed program are not filtered.
 //! * Every child runs as uid/gid 1000 (or `voidbox.user`) with no supplementary groups,
 //!   the policy's rlimits, in a new session/process group ([`crate::spawn`]) — and, when the
-//!   node has an image, inside it ([`crate::rootfs`]): the program is then looked up there,
-//!   and if the disks failed at boot every exec answers exit code 127 with the reason.
+//!   node has an image, inside it ([`crate::rootfs`]): the program is then looked up there.
+//!   If the disks or the network failed at boot, every exec answers exit code 127 with the
+//!   reason.
 //! * The [`crate::watchdog`] SIGKILLs the whole process group at the deadline
 //!   (`timed_out` in the response); when the leader exits the rest of its group is killed
 //!   too, so an exec's processes never outlive it.
@@ -249,7 +250,7 @@ impl Command {
 
     /// The spawn plan of this command (in the image root, if there is one); it refers to the
     /// image's namespace fd, so it must be spawned while `self` lives. Fails with the boot
-    /// error when the node's disks could not be set up.
+    /// error when the node's disks or network could not be set up.
     pub(crate) fn plan(
         &self,
         stdio: [RawFd; 3],
@@ -258,7 +259,7 @@ impl Command {
         let mntns = match &self.root {
             ExecRoot::System => None,
             ExecRoot::Image(image) => Some(image.namespace_fd()),
-            ExecRoot::Broken(why) => return Err(format!("the node's disks failed at boot: {why}")),
+            ExecRoot::Broken(why) => return Err(why.to_string()),
         };
         let mut plan = SpawnPlan::new(&self.path, &self.argv, &self.env, Some(&self.cwd), stdio)
             .map_err(|_| "string contains a NUL byte".to_string())?;

@@ -363,14 +363,18 @@ pub fn mount_filesystems() {
     }
 }
 
-/// Sets the hostname (default `voidbox`) and brings up loopback.
+/// The hostname when `voidbox.hostname` does not set one.
+pub const DEFAULT_HOSTNAME: &str = "voidbox";
+
+/// Sets the hostname (default [`DEFAULT_HOSTNAME`]) and brings up loopback with 127.0.0.1/8
+/// ([`crate::net::iface::loopback_up`]; the rest of the network is [`crate::net::boot`]'s).
 pub fn configure(hostname: Option<&str>) {
-    let name = hostname.unwrap_or("voidbox");
+    let name = hostname.unwrap_or(DEFAULT_HOSTNAME);
     // SAFETY: pointer/length pair of a live string.
     if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
         crate::debug!("sethostname: {}", io::Error::last_os_error());
     }
-    if let Err(e) = loopback_up() {
+    if let Err(e) = crate::net::iface::loopback_up() {
         crate::debug!("loopback: {e}");
     }
 }
@@ -429,36 +433,6 @@ pub fn hide_cmdline_secret(raw: &str) -> io::Result<()> {
         )
     };
     Ok(())
-}
-
-/// Brings `lo` up (one socket + two ioctls; skipped when the kernel has no inet).
-pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: plain socket creation; closed below.
-    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if s < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: ifreq is plain data.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, b) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *b as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read/write the ifreq we pass; `s` is our socket.
-    let result = unsafe {
-        if libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            if libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr) < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        }
-    };
-    // SAFETY: closes the socket we created.
-    unsafe { libc::close(s) };
-    result
 }
 
 /// Ends the VM: kills every other process, syncs, and reboots/powers off.

@@ -11,6 +11,8 @@
 //! * [`reaper`] + [`watchdog`]: the single `waitpid` owner and the timeout killer.
 //! * [`files`]: file RPCs confined with `openat2(RESOLVE_IN_ROOT)`.
 //! * [`disks`] + [`rootfs`] + [`mount`]: OCI image root and skill disks, set up at boot.
+//! * [`net`]: the network interface, route and `/etc/resolv.conf` (`voidbox.net`), at boot
+//!   and after a snapshot restore.
 //! * [`pty`]: interactive sessions on a pseudo-terminal.
 //! * [`telemetry`]: resource statistics from `/proc`.
 
@@ -22,6 +24,7 @@ pub mod exec;
 pub mod files;
 pub mod init;
 pub mod mount;
+pub mod net;
 pub mod policy;
 pub mod pty;
 pub mod reaper;

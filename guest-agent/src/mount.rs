@@ -92,15 +92,62 @@ pub fn mkdir_p(path: &Path) -> Result<(), String> {
     std::fs::create_dir_all(path).map_err(|e| format!("mkdir {}: {e}", path.display()))
 }
 
-/// Makes sure a regular file exists at `path` (a bind-mount point for a file), creating an
-/// empty one — and its parent directories — when nothing is there.
-pub fn touch(path: &Path) -> Result<(), String> {
-    if let Some(parent) = path.parent() {
-        mkdir_p(parent)?;
+/// What [`file_mount_point`] does with what it finds at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileMountPoint {
+    /// A regular file: mounted over as it is.
+    Use,
+    /// Nothing: an empty file is created (and the missing parent directories).
+    Create,
+    /// A symbolic link (dangling or not): replaced by an empty file, so that the mount
+    /// lands at the path itself and never where a link points (`/etc/resolv.conf ->
+    /// /run/systemd/…` in an image, or a link into `/dev` or `/proc`).
+    ReplaceLink,
+    /// A directory or a special file: refused.
+    Refuse,
+}
+
+/// Decides what [`file_mount_point`] does with `path` (looked at without following a
+/// symlink at its last component).
+pub fn file_mount_point_choice(path: &Path) -> io::Result<FileMountPoint> {
+    match path.symlink_metadata() {
+        Ok(m) if m.is_file() => Ok(FileMountPoint::Use),
+        Ok(m) if m.file_type().is_symlink() => Ok(FileMountPoint::ReplaceLink),
+        Ok(_) => Ok(FileMountPoint::Refuse),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(FileMountPoint::Create),
+        Err(e) => Err(e),
     }
+}
+
+/// Makes sure a regular file is at `path`, to bind-mount a file over: an existing one is
+/// used as it is, a symlink is replaced by an empty file, and an empty file (with its parent
+/// directories) is created where nothing is. A directory or special file is an error, as
+/// is a read-only file system where something must change.
+pub fn file_mount_point(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let choice =
+        file_mount_point_choice(path).map_err(|e| format!("looking at {}: {e}", path.display()))?;
+    match choice {
+        FileMountPoint::Use => return Ok(()),
+        FileMountPoint::Refuse => {
+            return Err(format!(
+                "{} is a directory or special file, not a file to mount over",
+                path.display()
+            ))
+        }
+        FileMountPoint::ReplaceLink => std::fs::remove_file(path)
+            .map_err(|e| format!("replacing the symlink {}: {e}", path.display()))?,
+        FileMountPoint::Create => {
+            if let Some(parent) = path.parent() {
+                mkdir_p(parent)?;
+            }
+        }
+    }
+    // O_CREAT | O_EXCL: never follows a symlink raced in at the path.
     std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
         .open(path)
         .map(drop)
         .map_err(|e| format!("creating {}: {e}", path.display()))

@@ -6,6 +6,9 @@
 //! entropy to the kernel with `RNDADDENTROPY`, forces an immediate CRNG reseed with
 //! `RNDRESEEDCRNG` (both need `CAP_SYS_ADMIN`) and sets the clock with `clock_settime`
 //! (`CAP_SYS_TIME`); if any step fails the re-key is refused and the secret is kept.
+//! A node with network then has its interface re-applied and its neighbour table flushed
+//! ([`crate::net::reapply`], called by the server after [`apply_system`]; no-ops after a
+//! cold boot, where the engine re-keys too).
 //! As a host process (tests) the agent must not touch the host's RNG or clock, so it
 //! refuses `Rekey` unless started with `--rekey secret-only` (rotation only, advertised as
 //! [`CAP_REKEY_SECRET_ONLY`] instead of [`CAP_REKEY`]) or `--rekey system`.

@@ -3,11 +3,13 @@
 //! At boot a dedicated thread ("image-root") leaves the agent's mount namespace
 //! (`unshare(CLONE_NEWNS)`, all mounts private), mounts the image's overlay, clones the
 //! system root's `/proc`, `/dev`, `/sys`, `/workspace`, `/home/sandbox` (and `/etc/hosts`,
-//! `/etc/resolv.conf`, skills) as detached mount trees, `pivot_root`s into the overlay and
-//! detaches the old root, then attaches the clones and a fresh `/tmp` at their places
-//! inside. Every mount point is created and resolved *after* the pivot, so a symlink in the
-//! image (`/workspace -> /etc`) can only point inside the image, never at the agent's
-//! files. The namespace is kept alive by an fd, and the thread stays in it to resolve
+//! with network the generated `/etc/resolv.conf` too, and skills) as detached mount trees,
+//! `pivot_root`s into the overlay and detaches the old root, then attaches the clones and a
+//! fresh `/tmp` at their places inside (a file's mount point that is a symlink in the image
+//! is replaced by a plain file first: [`crate::mount::file_mount_point`]). Every mount
+//! point is created and resolved *after* the pivot, so a symlink in the image
+//! (`/workspace -> /etc`) can only point inside the image, never at the agent's files.
+//! The namespace is kept alive by an fd, and the thread stays in it to resolve
 //! program names for the allowlist check ([`ImageRoot::run`]): PATH lookup happens in the
 //! image.
 //!
@@ -39,8 +41,19 @@ pub enum ExecRoot {
     System,
     /// The node's image.
     Image(Arc<ImageRoot>),
-    /// The disks failed at boot: every exec fails with this message.
+    /// The disks or the network failed at boot: every exec fails with this message.
     Broken(Arc<str>),
+}
+
+impl ExecRoot {
+    /// This root with every exec failing with `why` as well (after the root's own reason,
+    /// when it is broken already).
+    pub fn also_broken(self, why: &str) -> ExecRoot {
+        match self {
+            ExecRoot::Broken(first) => ExecRoot::Broken(format!("{first}; {why}").into()),
+            _ => ExecRoot::Broken(why.into()),
+        }
+    }
 }
 
 impl fmt::Debug for ExecRoot {
@@ -161,7 +174,7 @@ fn enter(plan: &RootPlan) -> Result<OwnedFd, String> {
             } => {
                 let Some(tree) = clone else { continue };
                 let result = if *file {
-                    mount::touch(target)
+                    mount::file_mount_point(target)
                 } else {
                     mount::mkdir_p(target)
                 }

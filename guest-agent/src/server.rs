@@ -28,6 +28,7 @@ use voidbox_protocol::{
 use crate::cmdline::ShutdownMode;
 use crate::exec::{self, ActiveGuard, Command, ExecEnv, Sink, StdinChunk, StdinSource};
 use crate::files::{FileWriter, Roots};
+use crate::net::NetState;
 use crate::policy::Policy;
 use crate::reaper::ExitSlot;
 use crate::rekey::{self, RekeyMode};
@@ -68,6 +69,8 @@ pub struct AgentConfig {
     /// What `Rekey` does: always [`RekeyMode::System`] as PID 1; host processes choose
     /// explicitly (`--rekey`, default off).
     pub rekey: RekeyMode,
+    /// What boot made of the network (re-applied by a [`RekeyMode::System`] `Rekey`).
+    pub net: NetState,
 }
 
 /// The parts of [`AgentConfig`] that stay fixed while the agent runs.
@@ -78,6 +81,7 @@ struct Settings {
     shutdown_mode: ShutdownMode,
     vsock_any_peer: bool,
     rekey: RekeyMode,
+    net: NetState,
 }
 
 /// Shared state of the agent.
@@ -105,6 +109,7 @@ impl Agent {
             shutdown_mode,
             vsock_any_peer,
             rekey,
+            net,
         } = cfg;
         let roots = Roots::open(
             &exec_env.base,
@@ -118,6 +123,7 @@ impl Agent {
                 shutdown_mode,
                 vsock_any_peer,
                 rekey,
+                net,
             },
             secret: RwLock::new(secret),
             rekeying: Mutex::new(()),
@@ -153,6 +159,8 @@ impl Agent {
         rekey::validate(&entropy, unix_time_ns)?;
         if self.cfg.rekey == RekeyMode::System {
             rekey::apply_system(&entropy, unix_time_ns)?;
+            // After a snapshot restore: the interface as configured, no stale neighbours.
+            crate::net::reapply(&self.cfg.net)?;
         }
         // The old secret is dropped here, which zeroes it.
         *self.secret.write().unwrap_or_else(|e| e.into_inner()) = secret;
@@ -164,11 +172,14 @@ impl Agent {
         Ok(())
     }
 
-    /// Facts for the Pong: the guest's, plus how this agent serves `Rekey`.
+    /// Facts for the Pong: the guest's, plus how this agent serves `Rekey` and whether its
+    /// network is configured ([`crate::net::CAP_NET`]).
     fn guest_info(&self) -> GuestInfo {
         let mut info = telemetry::guest_info();
         info.capabilities
             .extend(self.cfg.rekey.capability().map(String::from));
+        info.capabilities
+            .extend(self.cfg.net.capability().map(String::from));
         info
     }
 

@@ -72,16 +72,65 @@ fn sandbox_features_that_cannot_work_are_refused_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let spec = write(
         dir.path(),
-        "net.yaml",
-        "api_version: v1\nkind: sandbox\nname: net\nsandbox: {network: true}\nrun: {program: echo}\n",
+        "mounts.yaml",
+        "api_version: v1\nkind: sandbox\nname: m\nsandbox: {network: true, mounts: [{host: /, guest: /m}]}\nrun: {program: echo}\n",
     );
     let r = run(&["apply", &spec]);
     assert_eq!(r.code, Some(3), "{}", r.stderr);
     assert!(
         r.stderr
-            .contains(":4:11: `sandbox.network`: `network: true` cannot be provided yet"),
+            .contains(":4:26: `sandbox.mounts`: `mounts` cannot be provided yet"),
         "{}",
         r.stderr
     );
+    assert!(!r.stderr.contains("sandbox.network"), "{}", r.stderr);
     assert!(r.stdout.is_empty());
+}
+
+/// `apply` with `VOIDBOX_DNS_UPSTREAMS` set to `upstreams`.
+fn apply_with_upstreams(spec: &str, upstreams: &str, dry_run: bool) -> Run {
+    let mut args = vec!["apply"];
+    if dry_run {
+        args.push("--dry-run");
+    }
+    args.push(spec);
+    std::process::Command::new(BIN)
+        .args(&args)
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("VOIDBOX_DNS_UPSTREAMS", upstreams)
+        .output()
+        .expect("run voidbox")
+        .into()
+}
+
+#[test]
+fn a_bad_dns_upstream_is_a_usage_error_before_any_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = write(
+        dir.path(),
+        "net.yaml",
+        "api_version: v1\nkind: sandbox\nname: net\nsandbox: {network: {allow_host_ports: [8080]}}\nrun: {program: echo}\n",
+    );
+    for dry_run in [false, true] {
+        let r = apply_with_upstreams(&net, "127.0.0.1:5353,dns.example", dry_run);
+        assert_eq!(r.code, Some(2), "{}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("VOIDBOX_DNS_UPSTREAMS: `dns.example` is not `IP[:PORT]`"),
+            "{}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+    }
+    // Read only when a node has network.
+    let r = apply_with_upstreams("examples/fan-out.yaml", "nonsense", true);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let r = apply_with_upstreams(&net, "127.0.0.1:5353, [::1]", true);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("network(host ports 8080)"),
+        "{}",
+        r.stdout
+    );
 }

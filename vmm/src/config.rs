@@ -100,6 +100,10 @@ pub struct VmConfig {
     /// snapshot's disks in number, size and mode.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<DiskConfig>,
+    /// The virtio-net device and its user-mode NAT (policy, DNS upstreams, guest MAC);
+    /// `None` means the VM has no network device at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<voidbox_net::NatConfig>,
 }
 
 fn default_memory_mb() -> u32 {

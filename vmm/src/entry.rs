@@ -243,7 +243,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
         "setup_us": vm.setup_time.as_micros() as u64,
         "cmdline_len": vm.cmdline.len(),
     }));
-    let running = match vm.spawn(control) {
+    let running = match vm.spawn(control, &status) {
         Ok(r) => r,
         Err(e) => finish(
             &status,
@@ -253,11 +253,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
             vec![],
         ),
     };
-    if let Err(e) = crate::seccomp::install(
-        cfg.snapshot_control,
-        Some(running.console_fd()),
-        running.disk_fds(),
-    ) {
+    if let Err(e) = running.install_seccomp(cfg.snapshot_control) {
         finish(
             &status,
             ExitCode::Setup,
@@ -267,9 +263,16 @@ pub fn main_with_args(args: Vec<String>) -> ! {
         );
     }
     if cfg.test_forbidden_syscall {
-        // Test hook: socket(2) is outside the filter; the kernel kills us with SIGSYS.
+        // Test hook: socket(2) is outside the main thread's filter — even the very call the
+        // net thread of a VM with network may make — so the kernel kills us with SIGSYS.
         // SAFETY: plain syscall with constant arguments; it is expected never to return.
-        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        unsafe {
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_TCP,
+            )
+        };
     }
     status.emit(&json!({"event": "booting", "ms": t0.elapsed().as_millis() as u64}));
     running.release();
@@ -281,6 +284,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
     let outcome = running.wait_outcome(deadlines, &status);
     running.kick_all();
     running.flush_console();
+    running.close_net_report();
     let tail = running.console_tail();
     let code = outcome.exit_code();
     let tail = if code == ExitCode::Clean {

@@ -334,16 +334,26 @@ pub struct VcpuRunner {
     pub mem: GuestMem,
     /// Whether a refused extended-state request has been reported already.
     pub xstate_reported: bool,
+    /// The thread's own seccomp filter, stacked after `start` (VMs with network).
+    pub seccomp: Arc<crate::seccomp::ThreadSeccomp>,
 }
 
 impl VcpuRunner {
-    /// Rendezvous on `arrived` (start-up done), waits on `start` (seccomp installed), then
-    /// runs the guest until an outcome and reports it on `events`.
+    /// Rendezvous on `arrived` (start-up done), waits on `start` (seccomp installed), narrows
+    /// its own filter to the base one, then runs the guest until an outcome and reports it on
+    /// `events`.
     pub fn run(mut self, arrived: Arc<Barrier>, start: Arc<Barrier>) {
         let run_ptr: *mut kvm_run = self.fd.get_kvm_run();
         KVM_RUN.with(|c| c.set(run_ptr));
         arrived.wait();
         start.wait();
+        if let Err(e) = self.seccomp.narrow(crate::seccomp::FilterKind::Base) {
+            let _ = self.events.send(VmEvent::Stopped(Outcome::Internal(format!(
+                "vCPU {}: {e}",
+                self.id
+            ))));
+            return;
+        }
         let outcome = self.run_loop();
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
         if let Some(o) = outcome {

@@ -1,6 +1,6 @@
 //! Replays the cargo-fuzz seed corpora (`vmm/fuzz/corpus/vsock_packet`,
-//! `vmm/fuzz/corpus/block_request`) through the same code the fuzz targets exercise, so
-//! regressions show up in a plain `cargo test`.
+//! `vmm/fuzz/corpus/block_request`, `vmm/fuzz/corpus/net_frame`) through the same code the
+//! fuzz targets exercise, so regressions show up in a plain `cargo test`.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +8,9 @@ use voidbox_vmm::devices::block::fuzz::{
     fuzz_disk_byte, fuzz_requests, FuzzReport, FUZZ_DISK_BYTES,
 };
 use voidbox_vmm::devices::block::request::status;
+use voidbox_vmm::devices::net::frame::NET_HDR_LEN;
+use voidbox_vmm::devices::net::fuzz::{fuzz_frames, FuzzReport as NetReport, FUZZ_RX_QUEUE};
+use voidbox_vmm::devices::net::{ETH_HLEN, MAX_FRAME_LEN};
 use voidbox_vmm::devices::vsock::{fuzz_queues, packet::parse_packet, packet::MAX_PKT_PAYLOAD};
 
 fn corpus(name: &str) -> PathBuf {
@@ -132,5 +135,113 @@ fn block_request_outcomes_for_named_seeds() {
         "avail_index_jump",
     ] {
         broken(name);
+    }
+}
+
+fn net_seed(name: &str) -> NetReport {
+    let data = std::fs::read(corpus("net_frame").join(name)).unwrap();
+    fuzz_frames(&data).unwrap_or_else(|| panic!("{name}: no report"))
+}
+
+#[test]
+fn replay_net_frame_corpus() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(corpus("net_frame")).expect("corpus directory") {
+        let path = entry.unwrap().path();
+        let data = std::fs::read(&path).unwrap();
+        let r = fuzz_frames(&data).unwrap_or_else(|| panic!("{}: no report", path.display()));
+        for f in &r.tx_frames {
+            assert!(
+                (ETH_HLEN..=MAX_FRAME_LEN).contains(&f.len()),
+                "{}: {}-byte frame",
+                path.display(),
+                f.len()
+            );
+        }
+        for &(head, len) in &r.rx_used {
+            let len = len as usize;
+            assert!(head < FUZZ_RX_QUEUE.0);
+            assert!(
+                len == 0 || (NET_HDR_LEN + ETH_HLEN..=NET_HDR_LEN + MAX_FRAME_LEN).contains(&len),
+                "{}: used length {len}",
+                path.display()
+            );
+        }
+        n += 1;
+    }
+    assert!(n >= 20, "corpus too small: {n}");
+}
+
+#[test]
+fn net_frame_outcomes_for_named_seeds() {
+    let ok = |name: &str| {
+        let r = net_seed(name);
+        assert!(!r.broken, "{name}: device broke");
+        r
+    };
+    // Well-formed frames in any layout reach the NAT and come back whole.
+    for (name, len) in [
+        ("tx_valid", 60),
+        ("tx_split", 300),
+        ("tx_split_mid_header", 60),
+        ("tx_max_frame", MAX_FRAME_LEN),
+        ("tx_min_frame", ETH_HLEN),
+    ] {
+        let r = ok(name);
+        assert_eq!(r.tx_frames.len(), 1, "{name}");
+        assert_eq!(r.tx_frames[0].len(), len, "{name}");
+        assert_eq!(
+            r.tx_frames[0][12..14],
+            [8, 0],
+            "{name}: header not stripped"
+        );
+        assert_eq!(r.rx_used, vec![(0, (NET_HDR_LEN + len) as u32)], "{name}");
+        assert_eq!((r.stats.rx_frames, r.stats.rx_dropped), (1, 0), "{name}");
+    }
+    // Bad sizes are dropped and counted; the device carries on.
+    for name in ["tx_too_short", "tx_too_long", "tx_header_only"] {
+        let r = ok(name);
+        assert!(r.tx_frames.is_empty(), "{name}");
+        assert_eq!(r.stats.tx_dropped, 1, "{name}");
+    }
+    // A frame bigger than the receive buffer is dropped; the buffer comes back empty.
+    let r = ok("rx_too_small");
+    assert_eq!(r.rx_used, vec![(0, 0)]);
+    assert_eq!(r.stats.rx_dropped, 1);
+    // No receive buffer: the frame waits (nothing used, nothing dropped).
+    let r = ok("rx_none_posted");
+    assert_eq!(r.tx_frames.len(), 1);
+    assert!(r.rx_used.is_empty());
+    assert_eq!(r.stats.rx_dropped, 0);
+    let r = ok("more_frames_than_buffers");
+    assert_eq!(r.tx_frames.len(), 3);
+    assert_eq!(r.rx_used, vec![(0, 12 + 61), (1, 12 + 62)]);
+    let r = ok("deliver_max_frame");
+    assert_eq!(r.rx_used, vec![(0, (NET_HDR_LEN + MAX_FRAME_LEN) as u32)]);
+    let r = ok("deliver_oversized");
+    assert_eq!(
+        r.rx_used,
+        vec![(0, 0)],
+        "an over-long frame is never delivered"
+    );
+    ok("empty");
+    // Malformed chains break the device, are never followed, and deliver nothing.
+    for name in [
+        "tx_writable",
+        "tx_self_loop",
+        "tx_huge_length",
+        "tx_next_out_of_table",
+        "tx_avail_jump",
+        "rx_readable",
+        "rx_self_loop",
+        "rx_huge_length",
+    ] {
+        let r = net_seed(name);
+        assert!(r.broken, "{name}: device did not break");
+        assert!(
+            r.rx_used.iter().all(|&(_, len)| len == 0),
+            "{name}: {:?}",
+            r.rx_used
+        );
     }
 }

@@ -313,6 +313,16 @@ fn syscall_outside_seccomp_filter_kills_the_vmm() {
     let r = g.run(&g.config(json!({"test_forbidden_syscall": true})));
     assert_eq!(r.status.signal(), Some(libc::SIGSYS), "{:?}", r.status);
     assert!(r.events.iter().all(|e| e["event"] != "booting"));
+    // With network, the main thread narrows its filter to the base one: the net thread's
+    // socket call (the hook's) still kills it.
+    let net = json!({"dns_upstreams": ["127.0.0.1:9"]});
+    let r = g.run(&g.config(json!({"test_forbidden_syscall": true, "network": net})));
+    assert_eq!(r.status.signal(), Some(libc::SIGSYS), "{:?}", r.status);
+    assert!(r.events.iter().all(|e| e["event"] != "booting"));
+    // Without the hook every thread narrows and the guest runs to its reset.
+    let r = g.run(&g.config(json!({"network": net})));
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    assert_eq!(r.exited()["reason"], "guest_reset");
 }
 
 #[test]
@@ -1063,7 +1073,8 @@ impl DiskGuest {
 const RO_CONTENT: &str = "voidbox-ro-disk-7c1e";
 
 /// Init: mounts devtmpfs, reads the first line of the read-only /dev/vda, tries to write it,
-/// writes `pattern` to /dev/vdb and flushes it (fsync: a FLUSH request), then `then`.
+/// writes `pattern` to /dev/vdb and flushes it (fsync: a FLUSH request), says whether it has
+/// a network interface, then `then`.
 fn disk_init(pattern: &str, then: &str) -> String {
     format!(
         r#"#!/bin/busybox sh
@@ -1074,6 +1085,7 @@ echo "RO-CONTENT:$ro"
 if $B dd if=/dev/zero of=/dev/vda bs=512 count=1 2>/dev/null; then echo RO-WRITE:accepted; else echo RO-WRITE:refused; fi
 echo "{pattern}" > /dev/vdb
 $B dd if=/dev/null of=/dev/vdb count=0 conv=notrunc,fsync 2>/dev/null && echo RW-FLUSHED
+if $B ip link show eth0 >/dev/null 2>&1; then echo ETH0:present; else echo ETH0:absent; fi
 {then}
 "#
     )
@@ -1102,6 +1114,8 @@ fn guest_reads_and_writes_virtio_blk_disks() {
         format!("RO-CONTENT:{RO_CONTENT}"),
         "RO-WRITE:refused".to_string(),
         "RW-FLUSHED".to_string(),
+        // No `network` in the config: no network device at all.
+        "ETH0:absent".to_string(),
         "BLK-TEST-DONE".to_string(),
     ] {
         assert!(r.console.contains(&marker), "{marker} missing");
@@ -1276,4 +1290,177 @@ $B reboot -f"#;
         "{:?}",
         String::from_utf8_lossy(&written[..16])
     );
+}
+
+// ---- virtio-net and the NAT on the real guest kernel -------------------------------------
+
+/// A host HTTP server on 127.0.0.1 answering every request with `body`, for the rest of the
+/// test process. Returns its port.
+fn http_server(body: String) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut req = Vec::new();
+                let mut b = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&b[..n]),
+                    }
+                }
+                let _ = write!(
+                    s,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// Init: brings up eth0 as the guest agent would (10.0.2.15/24 via 10.0.2.2), pings the
+/// gateway, then `then`.
+fn net_init(then: &str) -> String {
+    format!(
+        r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t devtmpfs devtmpfs /dev
+$B ip link set lo up
+$B ip link set eth0 up && $B ip addr add 10.0.2.15/24 dev eth0 && $B ip route add default via 10.0.2.2 && echo NET-UP
+if $B ping -c 1 -W 10 10.0.2.2 >/dev/null; then echo PING:ok; else echo PING:lost; fi
+fetch() {{ r=$(printf 'GET / HTTP/1.0\r\n\r\n' | $B nc -w 20 10.0.2.2 "$1" | $B tail -n 1); [ -n "$r" ] && echo "$r" || echo refused; }}
+{then}
+"#
+    )
+}
+
+fn network(allow_host_ports: &[u16]) -> Value {
+    // The upstream is never asked (no DNS in these guests).
+    json!({"policy": {"allow_host_ports": allow_host_ports}, "dns_upstreams": ["127.0.0.1:9"]})
+}
+
+#[test]
+fn guest_reaches_an_allowed_host_port_and_is_refused_another() {
+    if skip_vm_tests() {
+        return;
+    }
+    let body = format!("voidbox-net-hello-{}", std::process::id());
+    let allowed = http_server(body.clone());
+    // A real service on the other port: only the policy keeps the guest out.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let denied = other.local_addr().unwrap().port();
+    let g = DiskGuest::new(&net_init(&format!(
+        "echo \"FETCH:$(fetch {allowed})\"\necho \"DENIED-PORT:$(fetch {denied})\"\necho NET-TEST-DONE\n$B reboot -f"
+    )));
+    let cfg = g.config(json!([]), json!({"network": network(&[allowed])}));
+    let t = std::time::Instant::now();
+    let r = run_raw(&cfg.to_string(), &g.path("console.log"));
+    eprintln!("net guest ran {:?}; console:\n{}", t.elapsed(), r.console);
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    for marker in [
+        "NET-UP".to_string(),
+        "PING:ok".to_string(),
+        format!("FETCH:{body}"),
+        "DENIED-PORT:refused".to_string(),
+        "NET-TEST-DONE".to_string(),
+    ] {
+        assert!(r.console.contains(&marker), "{marker} missing");
+    }
+    other.set_nonblocking(true).unwrap();
+    assert!(other.accept().is_err(), "the denied port was reached");
+    // The denial reached the engine's status stream before the exit.
+    let denials: Vec<&Value> = r
+        .events
+        .iter()
+        .filter(|e| e["event"] == "net_denials")
+        .collect();
+    let last = denials.last().expect("no net_denials event");
+    let entry = last["denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["port"] == denied)
+        .unwrap_or_else(|| panic!("port {denied} not in {last}"));
+    assert_eq!(entry["destination"], "10.0.2.2");
+    assert_eq!(entry["protocol"], "tcp");
+    assert!(entry["count"].as_u64().unwrap() >= 1);
+    let pos = |name: &str| r.events.iter().position(|e| e["event"] == name).unwrap();
+    assert!(pos("net_denials") < pos("exited"));
+}
+
+#[test]
+fn snapshot_of_a_vm_with_network_restores_with_a_new_nat() {
+    if skip_vm_tests() {
+        return;
+    }
+    let one = http_server("one".into());
+    let two = http_server("two".into());
+    // After bringing up the network the guest fetches from both ports once per tick and
+    // prints `NET n <first> <second>`; after tick 6 it reboots.
+    let g = DiskGuest::new(&net_init(&format!(
+        r#"n=0
+while [ $n -lt 6 ]; do
+  n=$((n+1))
+  echo "NET $n $(fetch {one}) $(fetch {two})"
+  $B sleep 1
+done
+$B reboot -f"#
+    )));
+    let snap = g.path("snap");
+    // A allows only the first port.
+    let a = g.config(
+        json!([]),
+        json!({"snapshot_control": true, "console_log": g.path("a.log"), "image_hash": "net",
+               "network": network(&[one])}),
+    );
+    let mut vmm = Vmm::spawn(&a);
+    let a_log = g.path("a.log");
+    let end = std::time::Instant::now() + Duration::from_secs(240);
+    while !std::fs::read_to_string(&a_log)
+        .unwrap_or_default()
+        .contains("NET 2 ")
+    {
+        assert!(
+            std::time::Instant::now() < end,
+            "no NET 2: {}",
+            std::fs::read_to_string(&a_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    vmm.send(&json!({"snapshot": {"dir": snap}}).to_string());
+    let saved = vmm.wait_event(
+        &["snapshot_saved", "snapshot_failed", "exited"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(saved["event"], "snapshot_saved", "{:?}", vmm.events());
+    vmm.kill();
+    let a_console = std::fs::read_to_string(&a_log).unwrap();
+    assert!(a_console.contains("NET 1 one refused"), "{a_console}");
+    assert!(!a_console.contains("NET 6 "), "A finished: {a_console}");
+
+    // Refused: the same snapshot restored without a network device.
+    let cfg = g.config(
+        json!([]),
+        json!({"restore": snap, "console_log": g.path("r.log"), "image_hash": "net"}),
+    );
+    let r = run_raw(&cfg.to_string(), &g.path("r.log"));
+    assert_eq!(r.code(), Some(5), "{:?}", r.events);
+
+    // B: restored with a policy allowing both ports. Its NAT is new and follows B's config.
+    let b = g.config(
+        json!([]),
+        json!({"restore": snap, "console_log": g.path("b.log"), "image_hash": "net",
+               "network": network(&[one, two])}),
+    );
+    let r = run_raw(&b.to_string(), &g.path("b.log"));
+    eprintln!("restored net guest console:\n{}", r.console);
+    assert_eq!(r.code(), Some(0), "{:?}", r.events);
+    assert!(r.events.iter().any(|e| e["event"] == "restored"));
+    assert!(r.console.contains("NET 6 one two"), "{}", r.console);
+    assert!(!r.console.contains("NET 1 "), "{}", r.console);
 }

@@ -43,6 +43,8 @@ pub struct VmExecutor {
     pub kill_children_on_abort: bool,
     /// Golden snapshot policy (restore instead of cold boot).
     pub snapshots: crate::snapshot::Snapshots,
+    /// DNS upstreams of the NAT of nodes with network (empty: the host's resolv.conf).
+    pub dns_upstreams: Vec<std::net::SocketAddr>,
 }
 
 impl Executor for VmExecutor {
@@ -81,6 +83,12 @@ impl VmExecutor {
         if let Some(v) = vm {
             cfg.disks = v.disks.clone();
         }
+        cfg.network = job
+            .node
+            .sandbox
+            .network
+            .clone()
+            .map(|p| crate::network::nat_config(p, &self.dns_upstreams));
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -126,7 +134,8 @@ impl VmExecutor {
         }
         let mut a = self.in_vm(&mut sb, job, ctl, req, skills, &output_file, agent);
         ctl.clear_pid();
-        drop(sb);
+        // Killed first, so the NAT's last denial counts are in.
+        a.net_denials = sb.kill().net_denials;
         a.boot = Some(boot);
         a.restored = Some(restored);
         a

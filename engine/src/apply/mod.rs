@@ -7,7 +7,7 @@
 //! stream-json parser; [`policy`] the guest policy (allowlist, rlimits) each VM gets.
 //!
 //! Exit codes: 0 success, 1 the pipeline failed (a node failed or timed out, or the
-//! pipeline timed out), 2 usage (bad `--input`), 3 environment (no KVM, no guest image, an
+//! pipeline timed out), 2 usage (bad `--input`, bad `VOIDBOX_DNS_UPSTREAMS`), 3 environment (no KVM, no guest image, an
 //! LLM provider that cannot run here, a node that can never fit in memory), 128+n on signal n.
 
 pub mod agent;
@@ -153,6 +153,13 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             }
         }
     }
+    let dns_upstreams = match dns_upstreams(&plan) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     if let Err(e) = check_kvm() {
         eprintln!("error: {e}");
         return 3;
@@ -245,6 +252,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         spec_dir: plan.spec_dir.clone(),
         kill_children_on_abort: true,
         snapshots,
+        dns_upstreams,
     });
     let sched = SchedOptions {
         max_parallel: opts
@@ -291,6 +299,11 @@ pub fn image_refusals(
         let mut cfg = crate::sandbox::SandboxConfig::new(image.clone());
         cfg.memory_mb = u32::try_from(n.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(n.sandbox.vcpus).unwrap_or(u8::MAX);
+        cfg.network = n
+            .sandbox
+            .network
+            .clone()
+            .map(|p| crate::network::nat_config(p, &[]));
         crate::snapshot::explicit(store, value, &plan.spec_dir, &cfg)
             .map(drop)
             .map_err(|e| match e {
@@ -306,6 +319,20 @@ pub fn image_refusals(
             snapshot: Some(&check),
         },
     )
+}
+
+/// The DNS upstreams of `VOIDBOX_DNS_UPSTREAMS` when a node of `plan` has network (an
+/// invalid value is an error before any VM starts; without network it is not read).
+pub fn dns_upstreams(plan: &Plan) -> Result<Vec<std::net::SocketAddr>, String> {
+    if plan
+        .graph
+        .node_weights()
+        .any(|n| n.sandbox.network.is_some())
+    {
+        crate::network::upstreams::from_env()
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 /// Runs the scheduler on a fresh tokio runtime; SIGINT / SIGTERM abort the run.

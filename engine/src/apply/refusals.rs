@@ -24,7 +24,7 @@ pub const ARTIFACT_ROOTS: [&str; 2] = ["/workspace", "/home"];
 /// One field `apply` cannot carry out, located in the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// The field, as a path (`pipeline.boxes[1].sandbox.network`).
+    /// The field, as a path (`pipeline.boxes[1].sandbox.mounts`).
     pub field: String,
     /// 1-based line of the field.
     pub line: usize,
@@ -274,17 +274,6 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
 
 fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
     let sb = &n.sandbox;
-    let mut one = |key: &str, what: &str| {
-        if let Some((field, _, span)) = at.sandbox_field(key) {
-            c.add(at.at(field, span, what.into(), REMOVE_HELP), &n.name);
-        }
-    };
-    if sb.network {
-        one(
-            "network",
-            "`network: true` cannot be provided yet (the VM has no network device)",
-        );
-    }
     if !sb.mounts.is_empty() {
         for (field, v, span) in at.sandbox_fields("mounts") {
             if matches!(&v.kind, NodeKind::Seq(items) if !items.is_empty()) {
@@ -542,19 +531,26 @@ mod tests {
     fn refuses_sandbox_features_with_field_and_line() {
         assert!(sandbox("{memory_mb: 128}").is_empty());
         assert!(sandbox("{snapshot: abc, network: false}").is_empty());
-        let r = sandbox("{network: true}");
+        let r = sandbox("{mounts: [{host: /, guest: /mnt}]}");
         assert_eq!(r.len(), 1);
-        assert_eq!((r[0].field.as_str(), r[0].line), ("sandbox.network", 3));
-        assert!(r[0].message.contains("network"), "{r:?}");
-        assert_eq!(
-            sandbox("{mounts: [{host: /, guest: /mnt}]}")[0].field,
-            "sandbox.mounts"
-        );
+        assert_eq!((r[0].field.as_str(), r[0].line), ("sandbox.mounts", 3));
         // OCI root filesystems and boot files are provided (pulled before anything starts).
         assert!(sandbox("{image: 'alpine:3.20', guest_image: 'x:1'}").is_empty());
         // No llm at all: the default provider is located at the prompt.
         let r = refusals("kind: agent\nname: a\nagent: {prompt: hi}\n");
         assert!(r[0].field.contains("agent.prompt"), "{r:?}");
+    }
+
+    #[test]
+    fn network_in_both_forms_is_provided() {
+        assert!(sandbox("{network: true}").is_empty());
+        assert!(
+            sandbox("{network: {allow_host_ports: [11434], deny: [198.51.100.0/24]}}").is_empty()
+        );
+        let text = "kind: pipeline\nname: p\nsandbox:\n  network: {allow_domains: [api.github.com]}\npipeline:\n  boxes:\n    - {name: a, run: {program: echo}, sandbox: {network: false}}\n    - {name: b, run: {program: echo}, sandbox: {network: true, mounts: [{host: /, guest: /m}]}}\n";
+        let r = refusals(text);
+        let fields: Vec<&str> = r.iter().map(|r| r.field.as_str()).collect();
+        assert_eq!(fields, ["pipeline.boxes[1].sandbox.mounts"], "{r:?}");
     }
 
     #[test]

@@ -17,9 +17,20 @@
 //!                "agent": null|{ "model", "input_tokens", "output_tokens", "cost_usd",
 //!                                "num_turns", "tool_calls": [str], "result" (whole) },
 //!                "artifacts": [ { "name": str, "files": int, "bytes": int,
-//!                                 "skipped": int } ] } ],
+//!                                 "skipped": int } ],
+//!                "network": null|{ "policy": { "allow_host_ports": [int],
+//!                                    "allow_domains": [str], "allow": [str],
+//!                                    "deny": [str], "max_connections": int,
+//!                                    "connections_per_second": int },
+//!                                  "denials": [ { "destination": str, "port": int,
+//!                                                 "protocol": "tcp"|"udp"|"icmp"|"dns",
+//!                                                 "reason": str, "count": int } ] } } ],
 //!   "timeout": null|{ "limit": "pipeline timeout_secs", "secs": int } }
 //! ```
+//!
+//! `network` is `null` for a node without a network device; else its effective policy and
+//! what the NAT of its last attempt's VM denied (cumulative counts per destination, port,
+//! protocol and reason; `destination` is the queried name for `dns`).
 //!
 //! `timeout` names the limit that fired and its value: on a `timed_out` node its own
 //! (`"node timeout_secs"` or `"default node timeout"`), on the run and on the nodes it
@@ -105,6 +116,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "timeout": node_timeout(plan, r, &plan.graph[idx], n).map_or(Value::Null, |t| t.to_json()),
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
+                "network": network(&plan.graph[idx], a),
             })
         })
         .collect();
@@ -125,6 +137,18 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
         "nodes": nodes,
         "timeout": run_timeout(plan, r).map_or(Value::Null, |t| t.to_json()),
     })
+}
+
+/// A node's `network` entry: its policy and its last attempt's denials; `null` without a
+/// network device.
+fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
+    match &node.sandbox.network {
+        None => Value::Null,
+        Some(policy) => json!({
+            "policy": policy,
+            "denials": a.map_or(json!([]), |a| json!(a.net_denials)),
+        }),
+    }
 }
 
 /// The summary table (node, status, attempts, duration), for stderr.
@@ -153,6 +177,27 @@ pub fn summary_table(plan: &Plan, r: &RunResult) -> String {
         {
             for l in e.lines().take(6) {
                 let _ = writeln!(s, "{:w$}  {l}", "");
+            }
+        }
+        if let Some(d) = n
+            .last
+            .as_ref()
+            .map(|a| &a.net_denials)
+            .filter(|d| !d.is_empty())
+        {
+            let _ = writeln!(
+                s,
+                "{:w$}  network: {} connection attempt{} denied",
+                "",
+                crate::network::denial_total(d),
+                if crate::network::denial_total(d) == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            );
+            for l in crate::network::denial_lines(d, 5) {
+                let _ = writeln!(s, "{:w$}    {l}", "");
             }
         }
         if let Some(st) = n.last.as_ref().and_then(|a| a.agent.as_ref()) {
@@ -333,6 +378,59 @@ mod timeout_tests {
         assert!(
             x.contains("message=\"timed out: node timeout_secs=30 s fired"),
             "{x}"
+        );
+    }
+
+    #[test]
+    fn network_nodes_report_their_policy_and_the_vmm_s_denials() {
+        let p = plan("kind: pipeline\nname: p\nsandbox:\n  network: {allow_host_ports: [11434], deny: [198.51.100.0/24]}\npipeline:\n  boxes:\n    - {name: net, run: {program: curl}}\n    - {name: off, run: {program: echo}, sandbox: {network: false}}\n");
+        // What the VMM reported, as the engine reads it from its status stream.
+        let log = crate::sandbox::status::StatusLog::default();
+        crate::sandbox::status::pump(
+            &b"{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"10.0.2.2\",\"port\":22,\"protocol\":\"tcp\",\"reason\":\"host port not allowed\",\"count\":2},{\"destination\":\"169.254.169.254\",\"port\":80,\"protocol\":\"tcp\",\"reason\":\"metadata\",\"count\":1}]}\n"[..],
+            &log,
+        );
+        let mut failed = Attempt::failed(Status::Failed, "curl failed: exit code 7");
+        failed.net_denials = log.net_denials();
+        let r = RunResult {
+            nodes: vec![
+                NodeRecord {
+                    last: Some(failed),
+                    ..record(Status::Failed, "")
+                },
+                record(Status::Skipped, "skipped"),
+            ],
+            output: None,
+            abort: Some(Abort::FailFast),
+            duration: Duration::from_secs(2),
+        };
+        let doc = json_report(&p, &r, 1);
+        assert_eq!(
+            doc["nodes"][0]["network"],
+            json!({
+                "policy": {
+                    "allow_host_ports": [11434],
+                    "allow_domains": [],
+                    "allow": [],
+                    "deny": ["198.51.100.0/24"],
+                    "max_connections": voidbox_net::DEFAULT_MAX_CONNECTIONS,
+                    "connections_per_second": voidbox_net::DEFAULT_CONNECTIONS_PER_SECOND,
+                },
+                "denials": [
+                    {"destination": "10.0.2.2", "port": 22, "protocol": "tcp", "reason": "host port not allowed", "count": 2},
+                    {"destination": "169.254.169.254", "port": 80, "protocol": "tcp", "reason": "metadata", "count": 1},
+                ],
+            })
+        );
+        assert_eq!(doc["nodes"][1]["network"], Value::Null);
+        let table = summary_table(&p, &r);
+        assert!(
+            table.contains("network: 3 connection attempts denied"),
+            "{table}"
+        );
+        assert!(
+            table.contains("10.0.2.2:22/tcp: host port not allowed ×2"),
+            "{table}"
         );
     }
 

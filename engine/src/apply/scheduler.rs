@@ -110,6 +110,8 @@ pub struct Attempt {
     pub environment: bool,
     /// Output directories copied out of the VM (on success).
     pub artifacts: Vec<super::artifacts::ArtifactStats>,
+    /// What the VM's NAT denied (final counts; empty without a network device).
+    pub net_denials: Vec<voidbox_net::Denial>,
 }
 
 impl Attempt {
@@ -129,6 +131,7 @@ impl Attempt {
             agent: None,
             environment: false,
             artifacts: Vec::new(),
+            net_denials: Vec::new(),
         }
     }
 

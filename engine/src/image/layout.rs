@@ -1,6 +1,7 @@
 //! The guest's root tree, as it goes onto the system disk: the guest agent
 //! (`/sbin/voidbox-agent`, `/init` links to it), busybox with its applet links, the
-//! directories the agent and runtimes use, and minimal `/etc` files. Held as an
+//! directories the agent and runtimes use, and minimal `/etc` files (an empty
+//! `/etc/resolv.conf` among them: the agent binds its generated one over it). Held as an
 //! [`Archive`] (sorted, fixed owners, modes and mtimes) so the disk is reproducible.
 //!
 //! Everything is owned by root: the agent mounts tmpfs on `/workspace`, `/home`, `/tmp` and
@@ -149,6 +150,10 @@ pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive
         ("etc/hosts", HOSTS),
         ("etc/hostname", "voidbox\n"),
         ("etc/nsswitch.conf", NSSWITCH),
+        // Empty: the mount point of the agent's generated resolver file on the read-only
+        // root when the node has network (`voidbox.net`); without network no resolver is
+        // configured (the C libraries then try 127.0.0.1, where nothing listens).
+        ("etc/resolv.conf", ""),
     ] {
         a.insert(path, entry(0o644, Kind::File(text.as_bytes().to_vec())))?;
     }
@@ -320,6 +325,11 @@ mod tests {
         assert!(a.get("linuxrc").is_none());
         assert!(a.get("usr/bin/[").is_some());
         assert_eq!(a.get("tmp").unwrap().perm, 0o1777);
+        // The mount point of the agent's resolver file on the read-only root.
+        assert_eq!(
+            a.get("etc/resolv.conf").map(|e| (&e.kind, e.perm)),
+            Some((&Kind::File(Vec::new()), 0o644))
+        );
         assert!(a
             .entries()
             .all(|(_, e)| e.mtime == FILE_MTIME && e.uid == 0));

@@ -114,8 +114,9 @@ pub struct NodeSandbox {
     pub memory_mb: u64,
     /// Virtual CPUs.
     pub vcpus: u32,
-    /// Network access.
-    pub network: bool,
+    /// The NAT policy of the node's network device (the box's `network`, else the spec's;
+    /// the box's replaces the spec's entirely); `None`: no network device.
+    pub network: Option<voidbox_net::Policy>,
     /// Environment (an empty value means "copy the host's value at run time").
     pub env: BTreeMap<String, String>,
     /// Mounts with resolved host paths (spec-relative, else working-directory-relative).
@@ -298,7 +299,10 @@ impl Builder<'_> {
         NodeSandbox {
             memory_mb: over.and_then(|o| o.memory_mb).unwrap_or(base.memory_mb),
             vcpus: over.and_then(|o| o.vcpus).unwrap_or(base.vcpus),
-            network: over.and_then(|o| o.network).unwrap_or(base.network),
+            network: over
+                .and_then(|o| o.network.as_ref())
+                .unwrap_or(&base.network)
+                .policy(),
             env,
             mounts,
             create_mount_dirs,
@@ -634,6 +638,52 @@ mod tests {
                 "file:{}",
                 cwd.join("Cargo.toml").display()
             ))]
+        );
+    }
+
+    #[test]
+    fn each_node_carries_its_effective_network_policy() {
+        let src = "kind: workflow\nname: w\nsandbox:\n  network:\n    allow_host_ports: [11434]\n    deny: [198.51.100.0/24]\n    max_connections: 64\nworkflow:\n  steps:\n    - {name: inherit, run: {program: echo}}\n    - {name: replace, run: {program: echo}, sandbox: {network: {allow_domains: [API.GitHub.com]}}}\n    - {name: default, run: {program: echo}, sandbox: {network: true}}\n    - {name: off, run: {program: echo}, sandbox: {network: false}}\n";
+        let plan = compile(src, Path::new("/"));
+        let net = |name: &str| {
+            plan.graph[plan.node(name).expect(name)]
+                .sandbox
+                .network
+                .clone()
+        };
+        let inherit = net("inherit").expect("spec-wide policy");
+        assert_eq!(inherit.allow_host_ports, [11434]);
+        assert_eq!(inherit.deny[0].to_string(), "198.51.100.0/24");
+        assert_eq!(inherit.max_connections, 64);
+        assert_eq!(
+            inherit.connections_per_second,
+            voidbox_net::DEFAULT_CONNECTIONS_PER_SECOND
+        );
+        // A box's mapping replaces the spec's entirely: nothing is merged.
+        let replace = net("replace").expect("own policy");
+        assert_eq!(
+            replace,
+            voidbox_net::Policy {
+                allow_domains: vec!["api.github.com".into()],
+                ..voidbox_net::Policy::default()
+            }
+        );
+        assert_eq!(net("default"), Some(voidbox_net::Policy::default()));
+        assert_eq!(net("off"), None);
+        // Without `network:` there is no device, as in v1.
+        let plain = compile(
+            "kind: sandbox\nname: s\nrun: {program: echo}\n",
+            Path::new("/"),
+        );
+        assert_eq!(
+            plain
+                .graph
+                .node_weights()
+                .next()
+                .expect("node")
+                .sandbox
+                .network,
+            None
         );
     }
 

@@ -94,8 +94,8 @@ fn resources(node: &PlanNode) -> String {
         format!("{} MiB", sb.memory_mb),
         format!("{} vCPU", sb.vcpus),
     ];
-    if sb.network {
-        parts.push("network".into());
+    if let Some(policy) = &sb.network {
+        parts.push(crate::network::summary(policy));
     }
     if let Some(t) = node.timeout_secs {
         parts.push(format!("timeout {t}s"));
@@ -424,6 +424,24 @@ output: collect\n";
         let x = &p.graph[p.node("x").expect("x")];
         assert_eq!(x.sandbox.memory_mb, 512);
         assert_eq!(x.sandbox.env.len(), 2);
+    }
+
+    #[test]
+    fn network_shows_as_network_or_its_policy() {
+        let src = "kind: pipeline\nname: p\nsandbox: {memory_mb: 128, network: true}\npipeline:\n  boxes:\n    - {name: a, run: {program: 'true'}}\n    - {name: b, run: {program: 'true'}, sandbox: {network: {allow_host_ports: [11434], allow_domains: [api.github.com], connections_per_second: 5}}}\n    - {name: c, run: {program: 'true'}, sandbox: {network: false}}\n";
+        let t = render(&plan(src), GraphFormat::Text);
+        assert!(
+            t.contains("  a  command  true  [128 MiB, 1 vCPU, network]\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("  b  command  true  [128 MiB, 1 vCPU, network(host ports 11434; domains api.github.com; 5 conns/s)]  ← a\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("  c  command  true  [128 MiB, 1 vCPU]  ← b\n"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct VmmExit {
     pub console_tail: Vec<String>,
     /// Last lines the VMM wrote to stderr (its own log).
     pub stderr_tail: Vec<String>,
+    /// The NAT's final denial counts (empty without a network device).
+    pub net_denials: Vec<voidbox_net::Denial>,
 }
 
 impl VmmExit {

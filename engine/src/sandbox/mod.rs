@@ -67,6 +67,10 @@ pub struct SandboxConfig {
     /// Image disks after the system disk (`sandbox.image`, OCI skills) and the user
     /// commands run as.
     pub disks: disks::VmDisks,
+    /// The network device and its NAT (policy, DNS upstreams); `None`: no network device.
+    /// The guest gets [`crate::network::boot_param`] on its command line, and the device set
+    /// is part of the snapshot identity ([`image_key`]); the policy is not.
+    pub network: Option<voidbox_net::NatConfig>,
     /// Wait this long for a graceful shutdown before killing the VMM.
     pub stop_grace: Duration,
     /// Restore this snapshot instead of booting the kernel.
@@ -95,6 +99,7 @@ impl SandboxConfig {
             policy: None,
             extra_cmdline: Vec::new(),
             disks: disks::VmDisks::default(),
+            network: None,
             stop_grace: Duration::from_secs(2),
             restore: None,
             snapshot_control: false,
@@ -131,8 +136,15 @@ pub struct SnapshotStats {
 }
 
 /// Identity of what a VM boots (image, its system disk, its command line, extra
-/// parameters) for snapshot keys: the VMM refuses a snapshot taken of anything else.
-pub fn image_key(image: &GuestImage, extra_cmdline: &[String], disks: &disks::VmDisks) -> String {
+/// parameters, image disks, whether it has a network device and the guest's network boot
+/// parameter) for snapshot keys: the VMM refuses a snapshot taken of anything else. The
+/// network policy is not part of it (a restored VMM builds its NAT from its own config).
+pub fn image_key(
+    image: &GuestImage,
+    extra_cmdline: &[String],
+    disks: &disks::VmDisks,
+    network: bool,
+) -> String {
     let base = crate::image::manifest::content_hash(&(
         &image.hash,
         &image.system_disk_sha256,
@@ -140,11 +152,16 @@ pub fn image_key(image: &GuestImage, extra_cmdline: &[String], disks: &disks::Vm
         &image.cmdline,
         extra_cmdline,
     ));
-    if disks.is_empty() {
-        // Keys of VMs without image disks stay what they were.
-        return base;
+    // Keys of VMs without image disks or network stay what they were.
+    let with_disks = if disks.is_empty() {
+        base
+    } else {
+        crate::image::manifest::content_hash(&(base, disks.key_parts()))
+    };
+    if !network {
+        return with_disks;
     }
-    crate::image::manifest::content_hash(&(base, disks.key_parts()))
+    crate::image::manifest::content_hash(&(with_disks, "virtio-net", crate::network::boot_param()))
 }
 
 /// Where the time of a cold start went (all measured on the host).
@@ -249,11 +266,19 @@ impl Sandbox {
         let compat = cfg.image.profile == Profile::Compat;
         let mut guest_params = cfg.extra_cmdline.clone();
         guest_params.extend(cfg.disks.boot_params());
+        if cfg.network.is_some() {
+            guest_params.push(crate::network::boot_param());
+        }
         let config = VmConfig {
             kernel: cfg.image.vmlinux.clone(),
             initramfs: cfg.image.initramfs.clone(),
             cmdline_extra: cmdline_extra(&cfg.image, compat, &guest_params, &boot_secret.to_hex()),
-            image_hash: image_key(&cfg.image, &cfg.extra_cmdline, &cfg.disks),
+            image_hash: image_key(
+                &cfg.image,
+                &cfg.extra_cmdline,
+                &cfg.disks,
+                cfg.network.is_some(),
+            ),
             snapshot_control: cfg.snapshot_control,
             restore: cfg.restore.as_ref().map(|r| r.dir.clone()),
             memory_mb: cfg.memory_mb,
@@ -267,6 +292,7 @@ impl Sandbox {
             wall_limit_ms: cfg.wall_limit.map(|d| d.as_millis() as u64),
             test_forbidden_syscall: cfg.test_forbidden_syscall,
             disks: cfg.disks.vm_disks(&cfg.image.system_disk),
+            network: cfg.network.clone(),
         };
         let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
         let t0 = vmm.spawned_at();
@@ -481,6 +507,22 @@ impl Sandbox {
         self.vmm.exit_report()
     }
 
+    /// Kills the VMM (no graceful shutdown) and returns how it ended, with the NAT's final
+    /// denial counts: when the VMM sent denials within the last 250 ms, it may be holding
+    /// back a newer count, which is waited for first (at most 600 ms). Resources are released
+    /// when the `Sandbox` is dropped here.
+    pub fn kill(mut self) -> VmmExit {
+        self.vmm.status().settle_net_denials();
+        self.vmm.kill();
+        self.vmm.exit_report()
+    }
+
+    /// The NAT's denials so far (cumulative, as the VMM last reported them; empty without
+    /// a network device).
+    pub fn net_denials(&self) -> Vec<voidbox_net::Denial> {
+        self.vmm.status().net_denials()
+    }
+
     /// The session secret in force (handle with care).
     pub fn secret(&self) -> &SessionSecret {
         &self.secret
@@ -589,8 +631,8 @@ mod tests {
         let mut other = disk.clone();
         other.system_disk_sha256 = "t".into();
         assert_ne!(
-            image_key(&disk, &[], &Default::default()),
-            image_key(&other, &[], &Default::default())
+            image_key(&disk, &[], &Default::default(), false),
+            image_key(&other, &[], &Default::default(), false)
         );
         let disks = disks::VmDisks::default().vm_disks(&disk.system_disk);
         assert_eq!(disks.len(), 1);

@@ -10,6 +10,11 @@ use serde::Deserialize;
 const MAX_LINE: u64 = 256 * 1024;
 /// Most events kept per VM.
 const MAX_EVENTS: usize = 256;
+/// Shortest time between two `net_denials` lines of the VMM: it holds back a change that
+/// comes sooner, and sends it when the interval has passed.
+pub const NET_DENIALS_INTERVAL: Duration = Duration::from_millis(250);
+/// Longest [`StatusLog::settle_net_denials`] waits in all.
+const NET_DENIALS_SETTLE_MAX: Duration = Duration::from_millis(600);
 
 /// One status event of the VMM.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -79,6 +84,12 @@ pub enum VmmEvent {
         #[serde(default)]
         reason: String,
     },
+    /// The NAT's denials so far, cumulative (each line replaces the previous one).
+    NetDenials {
+        /// Every denied destination with its count.
+        #[serde(default)]
+        denials: Vec<voidbox_net::Denial>,
+    },
     /// The VMM is exiting.
     Exited {
         /// Reason keyword.
@@ -118,6 +129,10 @@ pub struct StatusLog {
 #[derive(Debug, Default)]
 struct LogState {
     events: Vec<TimedEvent>,
+    /// The latest `net_denials` (kept apart: the VMM repeats it as counts grow).
+    net_denials: Vec<voidbox_net::Denial>,
+    /// When it was read.
+    net_denials_at: Option<Instant>,
     closed: bool,
 }
 
@@ -126,9 +141,16 @@ impl StatusLog {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records an event (beyond [`MAX_EVENTS`] only `exited` is kept).
+    /// Records an event (beyond [`MAX_EVENTS`] only `exited` is kept). A `net_denials`
+    /// event replaces the previous denials instead of being appended.
     pub fn push(&self, event: VmmEvent) {
         let mut s = self.lock();
+        if let VmmEvent::NetDenials { denials } = event {
+            s.net_denials = denials;
+            s.net_denials_at = Some(Instant::now());
+            self.changed.notify_all();
+            return;
+        }
         if s.events.len() < MAX_EVENTS || matches!(event, VmmEvent::Exited { .. }) {
             s.events.push(TimedEvent {
                 at: Instant::now(),
@@ -147,6 +169,33 @@ impl StatusLog {
     /// A copy of every event so far.
     pub fn events(&self) -> Vec<TimedEvent> {
         self.lock().events.clone()
+    }
+
+    /// The NAT's denials as the VMM last reported them (empty when it reported none).
+    pub fn net_denials(&self) -> Vec<voidbox_net::Denial> {
+        self.lock().net_denials.clone()
+    }
+
+    /// Waits until a `net_denials` line the VMM may still be holding back has arrived: until
+    /// [`NET_DENIALS_INTERVAL`] (and a margin) after the last one, at most 600 ms in all; at
+    /// once when no line came recently (the VMM sends a change at once when its last line
+    /// is older than the interval). Call before killing a VMM whose denials are reported.
+    pub fn settle_net_denials(&self) {
+        let start = Instant::now();
+        let mut s = self.lock();
+        loop {
+            let Some(at) = s.net_denials_at else { return };
+            let due = (at + NET_DENIALS_INTERVAL + Duration::from_millis(50))
+                .min(start + NET_DENIALS_SETTLE_MAX);
+            let now = Instant::now();
+            if s.closed || now >= due {
+                return;
+            }
+            s = match self.changed.wait_timeout(s, due - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
     }
 
     /// The `exited` event, if any.
@@ -266,6 +315,51 @@ mod tests {
             matches!(log.exited(), Some(VmmEvent::Exited { code: 10, ref console_tail, .. }) if console_tail.len() == 2)
         );
         assert!(log.wait_closed(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_latest_net_denials_line_wins() {
+        let input = concat!(
+            "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"10.0.0.5\",\"port\":22,\"protocol\":\"tcp\",\"reason\":\"private range\",\"count\":1}]}\n",
+            "{\"event\":\"booting\",\"ms\":5}\n",
+            "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"10.0.0.5\",\"port\":22,\"protocol\":\"tcp\",\"reason\":\"private range\",\"count\":3},{\"destination\":\"evil.example\",\"port\":53,\"protocol\":\"dns\",\"reason\":\"not an allowed domain\",\"count\":1}]}\n",
+            "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"x\",\"port\":1,\"protocol\":\"carrier-pigeon\",\"reason\":\"?\",\"count\":1}]}\n",
+        );
+        let log = StatusLog::default();
+        assert!(log.net_denials().is_empty());
+        pump(input.as_bytes(), &log);
+        let d = log.net_denials();
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(
+            (d[0].destination.as_str(), d[0].port, d[0].count),
+            ("10.0.0.5", 22, 3)
+        );
+        assert_eq!(d[1].protocol, voidbox_net::Protocol::Dns);
+        // Denial lines are not events: they never crowd out `exited`.
+        let evs: Vec<_> = log.events().into_iter().map(|e| e.event).collect();
+        assert_eq!(evs, vec![VmmEvent::Booting { ms: 5 }]);
+    }
+
+    #[test]
+    fn settling_waits_only_after_a_recent_denials_line() {
+        let log = StatusLog::default();
+        let t = Instant::now();
+        log.settle_net_denials();
+        assert!(t.elapsed() < Duration::from_millis(50), "no line: no wait");
+        log.push(VmmEvent::NetDenials { denials: vec![] });
+        let t = Instant::now();
+        log.settle_net_denials();
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_millis(650),
+            "{waited:?}"
+        );
+        // A closed stream has nothing more to send.
+        log.push(VmmEvent::NetDenials { denials: vec![] });
+        log.close();
+        let t = Instant::now();
+        log.settle_net_denials();
+        assert!(t.elapsed() < Duration::from_millis(50));
     }
 
     #[test]

@@ -259,6 +259,7 @@ impl VmmProcess {
         if exit.console_tail.is_empty() {
             exit.console_tail = console_tail(&self.console_log, CONSOLE_TAIL_LINES);
         }
+        exit.net_denials = self.status.net_denials();
         exit.stderr_tail = self
             .stderr_tail
             .lock()
@@ -354,6 +355,7 @@ mod tests {
             snapshot_control: false,
             restore: None,
             disks: Vec::new(),
+            network: None,
         };
         let l = VmmLauncher::Program {
             path: "/nonexistent/voidbox".into(),

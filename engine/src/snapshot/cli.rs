@@ -22,6 +22,10 @@ pub enum SnapshotCommand {
         /// vCPUs (the spec's `sandbox.vcpus`, 1..=32).
         #[arg(long, default_value_t = 1, value_parser = crate::limits::vcpus_arg())]
         vcpus: u8,
+        /// Snapshot a VM with a network device (what nodes with `network:` restore from;
+        /// the policy is not part of a snapshot). DNS upstreams: `VOIDBOX_DNS_UPSTREAMS`.
+        #[arg(long)]
+        network: bool,
         /// Replace an existing snapshot of the same key.
         #[arg(long)]
         force: bool,
@@ -92,6 +96,7 @@ fn entry_json(e: &store::Entry) -> serde_json::Value {
         "vcpus": e.meta.vcpus,
         "image_hash": e.meta.image_hash,
         "extra_cmdline": e.meta.extra_cmdline,
+        "network": e.meta.network,
         "disk_bytes": e.disk_bytes,
         "state_bytes": e.meta.state_bytes,
         "boot_ms": e.meta.boot_ms,
@@ -117,11 +122,21 @@ fn run(cmd: SnapshotCommand) -> CliResult {
         SnapshotCommand::Create {
             memory_mb,
             vcpus,
+            network,
             force,
             boot_timeout,
             cache_dir,
             format,
         } => {
+            let network = if network {
+                let upstreams = crate::network::upstreams::from_env().map_err(|e| (2, e))?;
+                Some(crate::network::nat_config(
+                    crate::network::creator_policy(),
+                    &upstreams,
+                ))
+            } else {
+                None
+            };
             let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
             check_kvm().map_err(sandbox_err)?;
             let image = GuestImage::ensure(ProgressMode::Auto).map_err(sandbox_err)?;
@@ -131,6 +146,7 @@ fn run(cmd: SnapshotCommand) -> CliResult {
                 vcpus,
                 extra_cmdline: Vec::new(),
                 disks: Default::default(),
+                network,
             };
             let key = spec.key();
             let _lock = store

@@ -23,6 +23,8 @@ pub use store::{Entry, LockMode, Meta, Store, StoreError};
 
 /// The VMM's device set, in bus order (part of the cache key; the VMM checks its own).
 pub const DEVICES: &[&str] = &["serial", "i8042", "vsock"];
+/// The device a VM with network has besides [`DEVICES`].
+pub const NET_DEVICE: &str = "virtio-net";
 /// How long writing a snapshot may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -39,6 +41,10 @@ pub struct GoldenSpec {
     pub extra_cmdline: Vec<String>,
     /// Image disks and user.
     pub disks: crate::sandbox::disks::VmDisks,
+    /// The network device: only whether there is one is part of the key. The creator VM
+    /// gets this config with [`crate::network::creator_policy`] (deny everything); VMs
+    /// restored from the snapshot bring their own policy.
+    pub network: Option<voidbox_net::NatConfig>,
 }
 
 impl GoldenSpec {
@@ -50,7 +56,17 @@ impl GoldenSpec {
             vcpus: cfg.vcpus,
             extra_cmdline: cfg.extra_cmdline.clone(),
             disks: cfg.disks.clone(),
+            network: cfg.network.clone(),
         }
+    }
+
+    /// The devices of the VM, in bus order.
+    pub fn devices(&self) -> Vec<&'static str> {
+        let mut d = DEVICES.to_vec();
+        if self.network.is_some() {
+            d.push(NET_DEVICE);
+        }
+        d
     }
 
     /// The cache key: SHA-256 over everything the snapshot depends on.
@@ -59,10 +75,15 @@ impl GoldenSpec {
             "voidbox-golden-snapshot",
             env!("CARGO_PKG_VERSION"),
             voidbox_vmm::persist::format::FORMAT_VERSION,
-            image_key(&self.image, &self.extra_cmdline, &self.disks),
+            image_key(
+                &self.image,
+                &self.extra_cmdline,
+                &self.disks,
+                self.network.is_some(),
+            ),
             self.memory_mb,
             self.vcpus,
-            DEVICES,
+            self.devices(),
         ))
     }
 }
@@ -93,6 +114,10 @@ pub fn create(
     cfg.vcpus = spec.vcpus;
     cfg.extra_cmdline = spec.extra_cmdline.clone();
     cfg.disks = spec.disks.clone();
+    cfg.network = spec.network.clone().map(|mut n| {
+        n.policy = crate::network::creator_policy();
+        n
+    });
     cfg.launcher = opts.launcher.clone();
     cfg.boot_timeout = opts.boot_timeout;
     cfg.runtime_dir = opts.runtime_dir.clone();
@@ -106,8 +131,14 @@ pub fn create(
     let meta = Meta {
         key: key.clone(),
         image_hash: spec.image.hash.clone(),
-        image_key: image_key(&spec.image, &spec.extra_cmdline, &spec.disks),
+        image_key: image_key(
+            &spec.image,
+            &spec.extra_cmdline,
+            &spec.disks,
+            spec.network.is_some(),
+        ),
         extra_cmdline: spec.extra_cmdline.clone(),
+        network: spec.network.is_some(),
         memory_mb: spec.memory_mb,
         vcpus: spec.vcpus,
         created_unix: SystemTime::now()
@@ -209,10 +240,11 @@ pub fn ensure_golden_until(
             continue;
         }
         notice(&format!(
-            "creating the golden snapshot {} ({} MiB, {} vCPU): one cold boot, then every VM restores from it",
+            "creating the golden snapshot {} ({} MiB, {} vCPU{}): one cold boot, then every VM restores from it",
             &key[..12],
             spec.memory_mb,
-            spec.vcpus
+            spec.vcpus,
+            if spec.network.is_some() { ", network device" } else { "" }
         ));
         let entry = create(store, spec, opts)?;
         for gone in store.evict(max_bytes, &key) {
@@ -303,7 +335,12 @@ pub fn explicit(
         (entry, lock)
     };
     let m = &entry.meta;
-    let want_image = image_key(&cfg.image, &cfg.extra_cmdline, &cfg.disks);
+    let want_image = image_key(
+        &cfg.image,
+        &cfg.extra_cmdline,
+        &cfg.disks,
+        cfg.network.is_some(),
+    );
     let mismatch = if m.memory_mb != cfg.memory_mb {
         Some(format!(
             "it was taken with memory_mb {}, the node asks for {}",
@@ -314,6 +351,12 @@ pub fn explicit(
             "it was taken with {} vCPU(s), the node asks for {}",
             m.vcpus, cfg.vcpus
         ))
+    } else if m.network != cfg.network.is_some() {
+        Some(if m.network {
+            "it was taken of a VM with a network device, the node has `network: false`".to_string()
+        } else {
+            "it was taken of a VM without a network device, the node has `network:`".to_string()
+        })
     } else if m.image_key != want_image {
         Some(format!(
             "it was taken of guest image {}, this run boots image {}",
@@ -325,8 +368,10 @@ pub fn explicit(
     };
     if let Some(why) = mismatch {
         return Err(SandboxError::Environment(format!(
-            "sandbox.snapshot `{value}` cannot restore this node: {why}\n  help: create a matching one with `voidbox snapshot create --memory-mb {} --vcpus {}`, or remove `snapshot:`",
-            cfg.memory_mb, cfg.vcpus
+            "sandbox.snapshot `{value}` cannot restore this node: {why}\n  help: create a matching one with `voidbox snapshot create --memory-mb {} --vcpus {}{}`, or remove `snapshot:`",
+            cfg.memory_mb,
+            cfg.vcpus,
+            if cfg.network.is_some() { " --network" } else { "" }
         )));
     }
     let restore = entry
@@ -479,6 +524,7 @@ mod tests {
             vcpus: 1,
             extra_cmdline: vec![],
             disks: Default::default(),
+            network: None,
         }
     }
 
@@ -504,6 +550,94 @@ mod tests {
     }
 
     #[test]
+    fn the_key_has_the_device_set_but_not_the_policy() {
+        let plain = spec(128);
+        // Keys of VMs without network are what they were before networking.
+        let old_key = content_hash(&(
+            "voidbox-golden-snapshot",
+            env!("CARGO_PKG_VERSION"),
+            voidbox_vmm::persist::format::FORMAT_VERSION,
+            image_key(&plain.image, &[], &plain.disks, false),
+            128u32,
+            1u8,
+            DEVICES,
+        ));
+        assert_eq!(plain.key(), old_key);
+        let with = |policy: voidbox_net::Policy| {
+            let mut s = spec(128);
+            s.network = Some(crate::network::nat_config(policy, &[]));
+            s
+        };
+        let default = with(voidbox_net::Policy::default());
+        assert_ne!(default.key(), plain.key());
+        assert_eq!(
+            default.devices(),
+            ["serial", "i8042", "vsock", "virtio-net"]
+        );
+        let strict = with(voidbox_net::Policy {
+            allow_host_ports: vec![11434],
+            allow_domains: vec!["api.github.com".into()],
+            deny: vec!["198.51.100.0/24".parse().unwrap()],
+            max_connections: 4,
+            ..voidbox_net::Policy::default()
+        });
+        assert_eq!(strict.key(), default.key());
+        let mut upstreams = with(voidbox_net::Policy::default());
+        upstreams.network = Some(crate::network::nat_config(
+            voidbox_net::Policy::default(),
+            &["127.0.0.1:5353".parse().unwrap()],
+        ));
+        assert_eq!(upstreams.key(), default.key());
+        // The VMM's own check (the image key it is given) tells them apart too.
+        assert_ne!(
+            image_key(&plain.image, &[], &plain.disks, true),
+            image_key(&plain.image, &[], &plain.disks, false)
+        );
+    }
+
+    #[test]
+    fn a_named_snapshot_without_network_does_not_restore_a_network_node() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(Some(d.path())).unwrap();
+        let s = spec(256);
+        let st = store.staging().unwrap();
+        std::fs::write(st.path().join("state.snap"), b"s").unwrap();
+        std::fs::write(st.path().join("memory.bin"), b"m").unwrap();
+        let meta = Meta {
+            key: s.key(),
+            image_hash: s.image.hash.clone(),
+            image_key: image_key(&s.image, &[], &s.disks, false),
+            extra_cmdline: vec![],
+            network: false,
+            memory_mb: 256,
+            vcpus: 1,
+            created_unix: 0,
+            voidbox_version: "0".into(),
+            boot_ms: 0,
+            snapshot_ms: 0,
+            pause_us: 0,
+            state_bytes: 0,
+        };
+        let secret = voidbox_protocol::SessionSecret::from_bytes([1; 32]);
+        store::write_entry_files(st.path(), &secret, &meta).unwrap();
+        store.install(st, &s.key()).unwrap();
+        // The meta file of an entry without network is what it was before networking.
+        let text = std::fs::read_to_string(store.entry_dir(&s.key()).join("meta.json")).unwrap();
+        assert!(!text.contains("network"), "{text}");
+        let mut cfg = SandboxConfig::new(s.image.clone());
+        cfg.memory_mb = 256;
+        cfg.network = Some(crate::network::nat_config(
+            voidbox_net::Policy::default(),
+            &[],
+        ));
+        let e = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap_err();
+        assert!(e.to_string().contains("without a network device"), "{e}");
+        assert!(e.to_string().contains("--network"), "{e}");
+        cfg.network = None;
+        assert!(explicit(&store, &s.key()[..10], Path::new("/"), &cfg).is_ok());
+    }
+
+    #[test]
     fn a_named_snapshot_that_does_not_fit_is_refused_with_help() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(Some(d.path())).unwrap();
@@ -514,8 +648,9 @@ mod tests {
         let meta = Meta {
             key: s.key(),
             image_hash: s.image.hash.clone(),
-            image_key: image_key(&s.image, &[], &s.disks),
+            image_key: image_key(&s.image, &[], &s.disks, false),
             extra_cmdline: vec![],
+            network: false,
             memory_mb: 256,
             vcpus: 1,
             created_unix: 0,

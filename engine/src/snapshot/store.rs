@@ -84,6 +84,9 @@ pub struct Meta {
     pub image_key: String,
     /// Extra kernel parameters the guest booted with.
     pub extra_cmdline: Vec<String>,
+    /// The VM had a network device (absent in entries without one, as before networking).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network: bool,
     /// Guest memory in MiB.
     pub memory_mb: u32,
     /// vCPUs.
@@ -425,6 +428,7 @@ mod tests {
             image_hash: "i".into(),
             image_key: "k".into(),
             extra_cmdline: vec![],
+            network: false,
             memory_mb: 128,
             vcpus: 1,
             created_unix: 1,

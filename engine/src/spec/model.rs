@@ -125,9 +125,11 @@ pub struct Sandbox {
     #[serde(default = "default_vcpus")]
     #[schemars(range(min = MIN_VCPUS, max = MAX_VCPUS))]
     pub vcpus: u32,
-    /// Give the VM network access (user-mode SLIRP). Off unless asked for.
+    /// Network access. `false` (the default): no network device at all; `true`: a
+    /// user-mode NAT with the default policy (public egress only); a mapping: a NAT with
+    /// that policy.
     #[serde(default)]
-    pub network: bool,
+    pub network: Network,
     /// Environment variables for every command. An empty value copies the host's value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -176,7 +178,7 @@ impl Default for Sandbox {
             mode: SandboxMode::default(),
             memory_mb: default_memory_mb(),
             vcpus: default_vcpus(),
-            network: false,
+            network: Network::default(),
             env: BTreeMap::new(),
             mounts: Vec::new(),
             image: None,
@@ -204,6 +206,96 @@ pub enum SandboxMode {
     Mock,
 }
 
+/// `network:`: on or off, or on with a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Network {
+    /// `true`: a network device with the default policy; `false`: no network device.
+    Enabled(bool),
+    /// A network device with this policy.
+    Policy(NetworkPolicy),
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network::Enabled(false)
+    }
+}
+
+impl Network {
+    /// The NAT policy of a VM with this setting; `None`: no network device.
+    pub fn policy(&self) -> Option<voidbox_net::Policy> {
+        match self {
+            Network::Enabled(false) => None,
+            Network::Enabled(true) => Some(voidbox_net::Policy::default()),
+            Network::Policy(p) => Some(p.to_policy()),
+        }
+    }
+}
+
+/// The policy of the user-mode NAT (the mapping form of `network:`). Evaluation order:
+/// the gateway admits only `allow_host_ports`; `deny` wins over everything else; the
+/// default-denied ranges (host loopback, private, link-local, CGNAT, cloud metadata, IPv6
+/// unique-local and link-local) pass only when inside `allow`; with `allow_domains`, only
+/// addresses the VM's own DNS returned for an allowed name pass.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// Host loopback ports the guest reaches at `10.0.2.2:PORT` (→ host `127.0.0.1:PORT`);
+    /// no other host port is reachable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(range(min = 1, max = 65535)))]
+    pub allow_host_ports: Vec<u16>,
+    /// When set, public egress only to addresses the VM's own DNS returned for these names
+    /// (DNS pinning: literal IPs do not pass, `allow` does not bypass it); other names get
+    /// NXDOMAIN. `*.example.com` matches the subdomains of example.com.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1)))]
+    pub allow_domains: Vec<String>,
+    /// Exceptions to the default denies, as CIDRs (`10.1.0.0/16`, `fd00::/8`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
+    pub allow: Vec<ipnet::IpNet>,
+    /// Extra denies, as CIDRs; they win over everything else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<String>")]
+    pub deny: Vec<ipnet::IpNet>,
+    /// Most concurrent TCP connections and UDP flows of the VM.
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = crate::network::MAX_CONNECTIONS_LIMIT))]
+    pub max_connections: u32,
+    /// Most new TCP connections and UDP flows per second of the VM.
+    #[serde(default = "default_connections_per_second")]
+    #[schemars(range(min = 1, max = crate::network::CONNECTIONS_PER_SECOND_LIMIT))]
+    pub connections_per_second: u32,
+}
+
+fn default_max_connections() -> u32 {
+    voidbox_net::DEFAULT_MAX_CONNECTIONS
+}
+
+fn default_connections_per_second() -> u32 {
+    voidbox_net::DEFAULT_CONNECTIONS_PER_SECOND
+}
+
+impl NetworkPolicy {
+    /// The NAT's policy (domain names in lowercase).
+    pub fn to_policy(&self) -> voidbox_net::Policy {
+        voidbox_net::Policy {
+            allow_host_ports: self.allow_host_ports.clone(),
+            allow_domains: self
+                .allow_domains
+                .iter()
+                .map(|d| d.to_ascii_lowercase())
+                .collect(),
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+            max_connections: self.max_connections,
+            connections_per_second: self.connections_per_second,
+        }
+    }
+}
+
 /// Per-box overrides of the spec's sandbox settings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -216,9 +308,10 @@ pub struct SandboxOverride {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_VCPUS, max = MAX_VCPUS))]
     pub vcpus: Option<u32>,
-    /// Network access for this box.
+    /// Network access for this box: replaces the spec's `network` entirely (a mapping here
+    /// is the whole policy; nothing is merged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
+    pub network: Option<Network>,
     /// Extra environment variables (merged over the spec's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,

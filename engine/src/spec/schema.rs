@@ -379,15 +379,19 @@ fn type_mismatch(here: &str, kinds: &[String], value: &Value, span: Span) -> Dia
         "object", "array", "string", "integer", "number", "boolean", "null",
     ];
     let joined = kinds.join(" ").to_lowercase();
+    // "a mapping, true or false": booleans are named by their values.
     let expected: Vec<String> = NAMES
         .iter()
         .filter(|n| joined.contains(*n) && **n != "null")
-        .map(|n| article(n))
+        .flat_map(|n| match *n {
+            "boolean" => vec!["true".to_string(), "false".to_string()],
+            n => vec![article(n)],
+        })
         .collect();
-    let expected = if expected.is_empty() {
-        "null".to_string()
-    } else {
-        expected.join(" or ")
+    let expected = match expected.split_last() {
+        None => "null".to_string(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     };
     Diagnostic::error(
         "voidbox::invalid_type",
@@ -505,6 +509,50 @@ mod tests {
                 13,
                 "did you mean `claude`?".into()
             )
+        );
+    }
+
+    #[test]
+    fn network_takes_a_boolean_or_a_policy_mapping() {
+        for ok in [
+            "true",
+            "false",
+            "{}",
+            "{allow_host_ports: [1, 65535], allow_domains: [a.example], allow: [10.0.0.0/8], deny: [\"fd00::/8\"], max_connections: 65535, connections_per_second: 10000}",
+        ] {
+            let got = check(&format!("kind: sandbox\nname: s\nsandbox:\n  network: {ok}\n"));
+            assert!(got.is_empty(), "{ok}: {got:?}");
+        }
+        let got = check("kind: sandbox\nname: s\nsandbox:\n  network: \"yes\"\n");
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            (got[0].0.as_str(), got[0].1, got[0].2),
+            ("voidbox::invalid_type", 4, 12)
+        );
+        let mut got = check("kind: pipeline\nname: p\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      sandbox:\n        network:\n          allow_host_port: [80]\n          max_connections: 0\n          connections_per_second: 10001\n");
+        got.sort_by_key(|g| (g.1, g.2));
+        let codes: Vec<_> = got.iter().map(|g| (g.0.as_str(), g.1, g.2)).collect();
+        assert_eq!(
+            codes,
+            [
+                ("voidbox::unknown_field", 9, 11),
+                ("voidbox::out_of_range", 10, 28),
+                ("voidbox::out_of_range", 11, 35),
+            ],
+            "{got:?}"
+        );
+        assert_eq!(got[0].3, "did you mean `allow_host_ports`?");
+        let got = check(
+            "kind: sandbox\nname: s\nsandbox:\n  network: {allow_host_ports: [0, 65536, 80]}\n",
+        );
+        let codes: Vec<_> = got.iter().map(|g| (g.0.as_str(), g.1, g.2)).collect();
+        assert_eq!(
+            codes,
+            [
+                ("voidbox::out_of_range", 4, 32),
+                ("voidbox::out_of_range", 4, 35)
+            ],
+            "{got:?}"
         );
     }
 

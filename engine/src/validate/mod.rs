@@ -5,6 +5,7 @@
 pub mod artifacts;
 pub mod images;
 pub mod names;
+pub mod network;
 pub mod paths;
 pub mod runtimes;
 pub mod semantic;

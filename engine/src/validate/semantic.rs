@@ -1,5 +1,5 @@
 //! Semantic rules beyond the JSON Schema: sections per kind, references, duplicate names,
-//! dependency cycles, fan-out shape, skills, mounts and paths.
+//! dependency cycles, fan-out shape, skills, mounts, paths and network policies.
 //!
 //! The rules walk the spanned YAML tree (not the typed spec) so that they run — and report
 //! with exact locations — even when the schema found other problems in the same file.
@@ -21,6 +21,7 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     check_sections(root, kind, out);
     crate::validate::names::check(root, out);
     crate::validate::images::check(root, out);
+    crate::validate::network::check(root, out);
     if let Some(sandbox) = root.get("sandbox") {
         check_sandbox(sandbox, base, out);
     }

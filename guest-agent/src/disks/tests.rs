@@ -239,7 +239,7 @@ fn root_plan_binds_what_the_agent_shares_and_the_skills_outside_them() {
             writable: true,
         },
     ];
-    let plan = root_plan(&l, "vdb", &skills, false).unwrap();
+    let plan = root_plan(&l, "vdb", &skills, false, false).unwrap();
     assert_eq!(plan.merged, l.run.join("rootfs/merged"));
     assert_eq!(plan.prepare[0], Step::WaitDevice(l.devices.join("vdb")));
     assert!(plan.prepare.contains(&Step::Mount {
@@ -287,7 +287,35 @@ fn root_plan_binds_what_the_agent_shares_and_the_skills_outside_them() {
             "bind sys/skills/a /skills/a false true",
         ]
     );
-    let with_sys = root_plan(&l, "vdb", &[], true).unwrap();
+    // With network both generated files are required; without, the system root's
+    // resolv.conf is never bound (the image keeps its own).
+    std::fs::write(l.system_path("/etc/resolv.conf"), "").unwrap();
+    let files = |net: bool| -> Vec<Inside> {
+        root_plan(&l, "vdb", &[], false, net)
+            .unwrap()
+            .inside
+            .into_iter()
+            .filter(|s| matches!(s, Inside::Bind { file: true, .. }))
+            .collect()
+    };
+    let bind = |source: PathBuf, target: &str, required: bool| Inside::Bind {
+        source,
+        target: target.into(),
+        file: true,
+        required,
+    };
+    assert_eq!(
+        files(true),
+        [
+            bind(l.run.join("net/resolv.conf"), "/etc/resolv.conf", true),
+            bind(l.run.join("net/hosts"), "/etc/hosts", true),
+        ]
+    );
+    assert_eq!(
+        files(false),
+        [bind(l.system_path("/etc/hosts"), "/etc/hosts", false)]
+    );
+    let with_sys = root_plan(&l, "vdb", &[], true, false).unwrap();
     assert!(with_sys.inside.contains(&Inside::Bind {
         source: "/sys".into(),
         target: "/sys".into(),
@@ -534,7 +562,7 @@ fn image_root_runs_commands_inside_the_image_with_skills() {
     let redacted = s.path().join("cmdline");
     std::fs::write(&redacted, "voidbox.secret=<redacted>\n").unwrap();
     mount::mount(&redacted, Path::new("/proc/cmdline"), "", libc::MS_BIND, "").unwrap();
-    let root = setup(&params, &l);
+    let root = setup(&params, &l, false);
     assert!(matches!(root, ExecRoot::Image(_)), "{root:?}");
     // The workspace belongs to the image's user.
     use std::os::unix::fs::MetadataExt;
@@ -607,7 +635,7 @@ fn failed_disks_make_every_exec_fail_with_the_reason() {
     let l = disks(&s);
     let mut params = DiskParams::default();
     params.apply("rootfs", "vdz").unwrap();
-    let root = setup(&params, &l);
+    let root = setup(&params, &l, false);
     let ExecRoot::Broken(why) = &root else {
         panic!("{root:?}");
     };
@@ -632,7 +660,7 @@ fn failed_disks_make_every_exec_fail_with_the_reason() {
     let mut params = DiskParams::default();
     params.apply("mount", "vdc:/etc/hosts/x:ro").unwrap();
     assert!(params.apply("mount", "vdc:relative:ro").is_err());
-    let ExecRoot::Broken(why) = setup(&params, &l) else {
+    let ExecRoot::Broken(why) = setup(&params, &l, false) else {
         panic!("skill failure not reported");
     };
     assert!(why.contains("voidbox.mount=`vdc:relative:ro`"), "{why}");
@@ -641,9 +669,89 @@ fn failed_disks_make_every_exec_fail_with_the_reason() {
     // Skills alone leave the system root in place.
     let mut params = DiskParams::default();
     params.apply("mount", "vdd:/skills/d:ro").unwrap();
-    assert!(matches!(setup(&params, &l), ExecRoot::System));
+    assert!(matches!(setup(&params, &l, false), ExecRoot::System));
     assert_eq!(
         std::fs::read_to_string(l.system_path("/skills/d/skill-marker")).unwrap(),
         "skill-d"
     );
+}
+
+#[test]
+fn image_root_gets_the_network_files_only_with_network() {
+    if !root_or_skip("the image network-files test") {
+        return;
+    }
+    let s = Scratch::new();
+    let l = layout(s.path());
+    std::fs::create_dir_all(&l.devices).unwrap();
+    for d in ["/workspace", "/home/sandbox", "/etc"] {
+        std::fs::create_dir_all(l.system_path(d)).unwrap();
+    }
+    std::fs::write(l.system_path("/etc/hosts"), "system-hosts\n").unwrap();
+    std::fs::write(l.system_path("/etc/resolv.conf"), "").unwrap();
+    // vdb: `/etc/resolv.conf` is a dangling link (a systemd-resolved image); vdc has its
+    // own file.
+    let tools = ["sh", "cat", "test", "echo"];
+    let a = s.path().join("img-a");
+    std::fs::create_dir_all(a.join("etc")).unwrap();
+    std::os::unix::fs::symlink(
+        "../run/systemd/resolve/stub-resolv.conf",
+        a.join("etc/resolv.conf"),
+    )
+    .unwrap();
+    erofs(
+        &a,
+        &s.path().join("a.erofs"),
+        &[("etc/hosts", "image-hosts\n", 0o644)],
+        &tools,
+    );
+    s.disk(&s.path().join("a.erofs"), &l.devices, "vdb");
+    erofs(
+        &s.path().join("img-b"),
+        &s.path().join("b.erofs"),
+        &[
+            ("etc/hosts", "image-hosts\n", 0o644),
+            ("etc/resolv.conf", "nameserver 192.0.2.53\n", 0o644),
+        ],
+        &tools,
+    );
+    s.disk(&s.path().join("b.erofs"), &l.devices, "vdc");
+    let script = "cat /etc/resolv.conf /etc/hosts; \
+        test -L /etc/resolv.conf && echo link || echo file; \
+        test -e /run/systemd/resolve/stub-resolv.conf && echo followed || echo not-followed";
+    let run_in = |dev: &str, net: bool| {
+        let mut params = DiskParams::default();
+        params.apply("rootfs", dev).unwrap();
+        let root = setup(&params, &l, net);
+        assert!(matches!(root, ExecRoot::Image(_)), "{root:?}");
+        let env = ExecEnv {
+            creds: Some(crate::spawn::SANDBOX),
+            base: l.system.clone(),
+            root,
+        };
+        run(&build(&env, "sh", &["-c", script], "/bin").unwrap())
+    };
+
+    // Without network: the image keeps its own resolv.conf (or none); hosts is the system's.
+    assert_eq!(
+        run_in("vdc", false),
+        (
+            0,
+            "nameserver 192.0.2.53\nsystem-hosts\nfile\nnot-followed\n".into()
+        )
+    );
+    let (_, out) = run_in("vdb", false);
+    assert!(out.ends_with("system-hosts\nlink\nnot-followed\n"), "{out}");
+
+    // With network: both files are the generated ones, in either image, and the link is
+    // replaced rather than followed.
+    let c = crate::net::NetConfig::parse("10.0.2.15/24,10.0.2.2,10.0.2.3").unwrap();
+    crate::net::place_files(&l, &c, "box-1").unwrap();
+    let expected = format!(
+        "{}{}file\nnot-followed\n",
+        c.resolv_conf(),
+        c.hosts("box-1")
+    );
+    assert_eq!(run_in("vdb", true), (0, expected.clone()));
+    assert_eq!(run_in("vdc", true), (0, expected));
 }

@@ -1,8 +1,9 @@
-//! Emulated devices: the 8250 serial console, the i8042 reset port, virtio-mmio, virtio-blk
-//! and vsock.
+//! Emulated devices: the 8250 serial console, the i8042 reset port, virtio-mmio, virtio-blk,
+//! virtio-net (backed by the VM's user-mode NAT) and vsock.
 
 pub mod block;
 pub mod i8042;
+pub mod net;
 pub mod serial;
 pub mod virtio;
 pub mod vsock;

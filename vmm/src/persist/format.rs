@@ -40,7 +40,8 @@ pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
 /// Version 3: guest RAM in up to two regions (split at the 32-bit MMIO gap), recorded in the
 /// header ([`SnapshotHeader::memory_regions`]) and stored back to back in the memory file.
 /// Version 4: virtio-blk disks in the device state (`block` slots before `vsock`).
-pub const FORMAT_VERSION: u32 = 4;
+/// Version 5: the virtio-net device in the device state (a `net` slot after the disks).
+pub const FORMAT_VERSION: u32 = 5;
 /// Largest header accepted.
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;
 /// Largest state blob accepted (the real one is ≈10 KB per vCPU plus device buffers).
@@ -746,9 +747,9 @@ mod tests {
         let mut data = sample();
         data[0] ^= 1;
         assert!(matches!(decode(&data, None), Err(SnapshotError::BadMagic)));
-        // Version 1 (whole-file memory digest), 2 (one memory region), 3 (no disks) and a
-        // future version are all refused.
-        for v in [1u32, 2, 3, FORMAT_VERSION + 1] {
+        // Version 1 (whole-file memory digest), 2 (one memory region), 3 (no disks), 4 (no
+        // network device) and a future version are all refused.
+        for v in [1u32, 2, 3, 4, FORMAT_VERSION + 1] {
             let mut data = sample();
             data[8..12].copy_from_slice(&v.to_le_bytes());
             assert!(matches!(

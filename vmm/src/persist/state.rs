@@ -11,6 +11,7 @@ use super::PersistError;
 use crate::config::VmConfig;
 use crate::devices::block::disk_name;
 use crate::devices::block::persist::BlockState;
+use crate::devices::net::persist::{fmt_mac, NetState};
 use crate::devices::serial::persist::SerialDeviceState;
 use crate::devices::virtio::mmio::persist::MmioTransportState;
 use crate::devices::vsock::persist::VsockBackendState;
@@ -23,9 +24,12 @@ pub fn device_names(cfg: &VmConfig) -> Vec<String> {
 }
 
 /// The virtio-mmio devices of a VM built from `cfg`, in bus order: one `block` per disk
-/// (`/dev/vda` first), then `vsock`.
+/// (`/dev/vda` first), then `net` (with a network config), then `vsock`.
 pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
     let mut d = vec!["block"; cfg.disks.len()];
+    if cfg.network.is_some() {
+        d.push("net");
+    }
     if cfg.vsock_uds.is_some() {
         d.push("vsock");
     }
@@ -48,6 +52,8 @@ pub fn snapshot_key(cfg: &VmConfig) -> SnapshotKey {
 pub enum VirtioDeviceState {
     /// A virtio-blk disk (its size and mode are checked against the reopened file).
     Block(BlockState),
+    /// The network device (its queues and MAC; the NAT is new on restore).
+    Net(NetState),
     /// The vsock device (its backend; connections are reset on restore).
     Vsock(VsockBackendState),
 }
@@ -57,6 +63,7 @@ impl VirtioDeviceState {
     pub fn name(&self) -> &'static str {
         match self {
             VirtioDeviceState::Block(_) => "block",
+            VirtioDeviceState::Net(_) => "net",
             VirtioDeviceState::Vsock(_) => "vsock",
         }
     }
@@ -96,7 +103,8 @@ pub struct SnapshotState {
 
 impl SnapshotState {
     /// Checks the state against the VM `cfg` describes and this host's `caps`: vCPU count and
-    /// order, every vCPU's bounds, VM state, the virtio device list, each disk's mode and the
+    /// order, every vCPU's bounds, VM state, the virtio device list (a network device present
+    /// in one and absent in the other is refused), each disk's mode, the guest MAC and the
     /// vsock CID. Device registers (and each disk's size, against its reopened file) are
     /// checked again by each device's own restore, before the device is built.
     pub fn validate(&self, cfg: &VmConfig, caps: &VcpuCaps) -> Result<(), PersistError> {
@@ -173,6 +181,21 @@ impl SnapshotState {
                     ));
                 }
                 VirtioDeviceState::Vsock(_) => {}
+                VirtioDeviceState::Net(n) => {
+                    // The device list matched, so there is a network config.
+                    if let Some(net) = &cfg.network {
+                        if net.guest_mac != n.mac {
+                            return Err(PersistError::mismatch(
+                                "net",
+                                format!(
+                                    "guest MAC {} in the snapshot, {} configured",
+                                    fmt_mac(n.mac),
+                                    fmt_mac(net.guest_mac)
+                                ),
+                            ));
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -332,6 +355,60 @@ mod tests {
         // Disks after vsock are out of order.
         let mut misordered = s.clone();
         misordered.devices.virtio.rotate_left(1);
+        assert!(misordered.validate(&c, &caps()).is_err());
+    }
+
+    fn net_slot(transport: &MmioTransportState, mac: [u8; 6]) -> VirtioSlotState {
+        let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        VirtioSlotState {
+            transport: transport.clone(),
+            device: VirtioDeviceState::Net(
+                crate::devices::net::NetBackend::new(mac, irq, None).save(),
+            ),
+        }
+    }
+
+    #[test]
+    fn the_network_device_is_keyed_after_the_disks_and_must_match() {
+        use crate::config::DiskConfig;
+        let mut c = cfg(1, true);
+        c.disks = vec![DiskConfig {
+            path: "/sys.img".into(),
+            read_only: true,
+        }];
+        let no_net = c.clone();
+        c.network = Some(serde_json::from_str("{}").unwrap());
+        assert_eq!(
+            snapshot_key(&c).devices,
+            ["serial", "i8042", "block", "net", "vsock"]
+        );
+        assert_ne!(snapshot_key(&c), snapshot_key(&no_net));
+        let mut s = state(1, true);
+        let t = s.devices.virtio[0].transport.clone();
+        let mac = voidbox_net::DEFAULT_GUEST_MAC;
+        s.devices
+            .virtio
+            .splice(0..0, [block_slot(&t, true), net_slot(&t, mac)]);
+        let back: SnapshotState = decode_state(&encode_state(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        back.validate(&c, &caps()).unwrap();
+        // Network in the snapshot, none configured; and the other way round.
+        let e = back.validate(&no_net, &caps()).unwrap_err();
+        assert!(e.to_string().contains("\"net\""), "{e}");
+        let mut without = s.clone();
+        without.devices.virtio.remove(1);
+        assert!(without.validate(&c, &caps()).is_err());
+        without.validate(&no_net, &caps()).unwrap();
+        // Another guest MAC configured.
+        let mut other = c.clone();
+        if let Some(n) = other.network.as_mut() {
+            n.guest_mac = [0x52, 0x54, 0, 0, 0, 1];
+        }
+        let e = back.validate(&other, &caps()).unwrap_err();
+        assert!(e.to_string().contains("52:54:00:00:00:01"), "{e}");
+        // The network device before a disk is out of order.
+        let mut misordered = s.clone();
+        misordered.devices.virtio.swap(0, 1);
         assert!(misordered.validate(&c, &caps()).is_err());
     }
 

@@ -9,12 +9,14 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::devices::{open_disks, Attach, Console, VirtioBackend};
+use super::devices::{new_nat, open_disks, Attach, Console, VirtioBackend};
 use super::kvm::{create_vcpus, create_vm, register_memory};
 use super::{bind_vsock_socket, memory_size, setup, Vm, VmError};
 use crate::boot;
 use crate::config::{build_cmdline, MmioAnnouncement, VmConfig};
 use crate::devices::block::{Block, BlockDevice};
+use crate::devices::net::thread::NetThread;
+use crate::devices::net::{NetBackend, NetDevice, NetKicks};
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
@@ -44,6 +46,20 @@ pub(super) fn boot(cfg: &VmConfig, kvm: Kvm, caps: VcpuCaps, t0: Instant) -> Res
         let dev = BlockDevice::new(block.clone());
         let transport = MmioTransport::new(Box::new(dev), mem.clone(), slot.irq.clone());
         devices.attach_virtio(slot, transport, VirtioBackend::Block(block))?;
+    }
+    if let Some(net) = &cfg.network {
+        let nat = new_nat(net)?;
+        let slot = devices.next_virtio_slot("net")?;
+        let kicks = NetKicks::new().map_err(setup("eventfd"))?;
+        let backend = Arc::new(Mutex::new(NetBackend::new(
+            net.guest_mac,
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+        )));
+        let dev = NetDevice::new(backend.clone(), kicks.clone());
+        let transport = MmioTransport::new(Box::new(dev), mem.clone(), slot.irq.clone());
+        let thread = NetThread::new(backend.clone(), nat, kicks, devices.stop_flag());
+        devices.attach_net(slot, transport, backend, thread)?;
     }
     if let Some(path) = &cfg.vsock_uds {
         let listener = bind_vsock_socket(path)?;

@@ -1,8 +1,9 @@
 //! Device attachment, shared by cold boot ([`super::builder`]) and restore
 //! ([`super::restore`]): the console log, the serial port and the i8042 reset port on the
 //! port bus, and the virtio-mmio slots — the disks first (`/dev/vda`, `/dev/vdb`, … in
-//! config order), then vsock — each with its 4 KiB register window, its IRQ (an irqfd) and
-//! its `virtio_mmio.device=` announcement. The two paths differ only in how each device is
+//! config order, so `/dev/vda` stays the system disk), then the network device (only with a
+//! `network` config), then vsock — each with its 4 KiB register window, its IRQ (an irqfd)
+//! and its `virtio_mmio.device=` announcement. The two paths differ only in how each device is
 //! made: new, or from its own `persist` state.
 
 use std::fs::OpenOptions;
@@ -22,6 +23,8 @@ use crate::config::{ConfigError, MmioAnnouncement, VmConfig};
 use crate::devices::block::disk::{Disk, DiskError};
 use crate::devices::block::Block;
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use crate::devices::net::thread::NetThread;
+use crate::devices::net::NetBackend;
 use crate::devices::serial::{
     ConsoleLog, ConsoleTail, SerialDevice, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_LEN,
 };
@@ -43,6 +46,8 @@ pub(crate) struct VirtioSlot {
 pub(crate) enum VirtioBackend {
     /// A disk.
     Block(Arc<Mutex<Block>>),
+    /// The network device.
+    Net(Arc<Mutex<NetBackend>>),
     /// The vsock device.
     Vsock(Arc<Mutex<VsockBackend>>),
 }
@@ -63,6 +68,12 @@ pub(super) fn open_disks(cfg: &VmConfig) -> Result<Vec<Disk>, VmError> {
             })
         })
         .collect()
+}
+
+/// The VM's own NAT, built in the VMM process before seccomp (it reads the host's
+/// resolv.conf when no DNS upstream is configured).
+pub(super) fn new_nat(cfg: &voidbox_net::NatConfig) -> Result<voidbox_net::Nat, VmError> {
+    voidbox_net::Nat::new(cfg.clone()).map_err(|e| VmError::Setup(format!("network: {e}")))
 }
 
 /// The console log (created or truncated, mode 0600), before the UART that writes it.
@@ -108,7 +119,9 @@ pub(super) struct DeviceSet {
     pub console_fd: RawFd,
     pub virtio: Vec<VirtioSlot>,
     pub muxer: Option<Muxer>,
-    /// Tells the muxer (and the vCPUs) to stop.
+    /// The network device's thread body (it owns the NAT), with a network config.
+    pub net: Option<NetThread>,
+    /// Tells the muxer, the net thread (and the vCPUs) to stop.
     pub stop: Arc<AtomicBool>,
 }
 
@@ -125,7 +138,7 @@ impl DeviceSet {
                         writable: !b.disk().read_only(),
                     })
                 }
-                VirtioBackend::Vsock(_) => None,
+                VirtioBackend::Net(_) | VirtioBackend::Vsock(_) => None,
             })
             .collect()
     }
@@ -148,6 +161,7 @@ pub(super) struct Attach<'a> {
     virtio: Vec<VirtioSlot>,
     announcements: Vec<MmioAnnouncement>,
     muxer: Option<Muxer>,
+    net: Option<NetThread>,
     stop: Arc<AtomicBool>,
 }
 
@@ -163,6 +177,7 @@ impl<'a> Attach<'a> {
             virtio: Vec::new(),
             announcements: Vec::new(),
             muxer: None,
+            net: None,
             stop: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -258,6 +273,25 @@ impl<'a> Attach<'a> {
         Ok(())
     }
 
+    /// The flag that stops the device threads (a net thread is built around it).
+    pub(super) fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Attaches the network device's transport and keeps its thread body (not yet a thread),
+    /// which owns the NAT.
+    pub(super) fn attach_net(
+        &mut self,
+        slot: SlotWiring,
+        transport: MmioTransport,
+        backend: Arc<Mutex<NetBackend>>,
+        thread: NetThread,
+    ) -> Result<(), VmError> {
+        self.attach_virtio(slot, transport, VirtioBackend::Net(backend))?;
+        self.net = Some(thread);
+        Ok(())
+    }
+
     /// Every device attached.
     pub(super) fn finish(self) -> Result<DeviceSet, VmError> {
         let serial = self
@@ -271,6 +305,7 @@ impl<'a> Attach<'a> {
             console_fd: serial.fd,
             virtio: self.virtio,
             muxer: self.muxer,
+            net: self.net,
             stop: self.stop,
         })
     }

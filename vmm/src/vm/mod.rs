@@ -3,8 +3,9 @@
 //! A VM is built in one of two ways, each readable on its own: `builder` boots a kernel
 //! with new devices; `restore` rebuilds a saved VM from a snapshot, each device from its
 //! own `persist` state. Both share the KVM setup (`kvm`) and device attachment
-//! (`devices`: bus layout, IRQs, the disks before vsock). [`Vm::spawn`] then starts the
-//! threads and [`Running`] waits for the outcome.
+//! (`devices`: bus layout, IRQs, the disks, then the network device, then vsock).
+//! [`Vm::spawn`] then starts the threads (vCPUs, vsock muxer, net, control) and [`Running`]
+//! installs seccomp, releases them and waits for the outcome.
 
 mod builder;
 mod devices;
@@ -32,12 +33,13 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use self::devices::{DeviceSet, VirtioSlot};
 use crate::config::{ConfigError, VmConfig};
 use crate::control::{ControlCommand, LineReader};
+use crate::devices::net::report::DenialReporter;
 use crate::devices::serial::{ConsoleTail, SerialDevice};
 use crate::exit::{ExitCode, Outcome, VmEvent};
 use crate::memory::GuestMem;
 use crate::persist::format::SnapshotKey;
 use crate::persist::vcpu::VcpuCaps;
-use crate::seccomp::DiskFd;
+use crate::seccomp::{DiskFd, FilterKind, FilterParams, SeccompError, ThreadSeccomp};
 use crate::status::StatusWriter;
 use crate::vcpu::{kick_signal, VcpuCommand, VcpuRunner};
 
@@ -164,9 +166,14 @@ impl Vm {
         }
     }
 
-    /// Spawns the vCPU, muxer and (with `control`, the rest of the config fd) control
-    /// threads; they block until [`Running::release`].
-    pub fn spawn(self, control: Option<LineReader<File>>) -> Result<Running, VmError> {
+    /// Spawns the vCPU, muxer, net and (with `control`, the rest of the config fd) control
+    /// threads; they block until [`Running::release`]. The net thread reports its NAT's
+    /// denials on `status`.
+    pub fn spawn(
+        self,
+        control: Option<LineReader<File>>,
+        status: &StatusWriter,
+    ) -> Result<Running, VmError> {
         crate::vcpu::install_kick_handler().map_err(setup("signal handler"))?;
         let disk_fds = self.devices.disk_fds();
         let DeviceSet {
@@ -177,11 +184,29 @@ impl Vm {
             console_fd,
             virtio,
             muxer,
+            net,
             stop,
         } = self.devices;
         let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
-        let n_threads =
-            self.vcpus.len() + usize::from(muxer.is_some()) + usize::from(control.is_some()) + 1;
+        let n_threads = self.vcpus.len()
+            + usize::from(muxer.is_some())
+            + usize::from(net.is_some())
+            + usize::from(control.is_some())
+            + 1;
+        let seccomp = Arc::new(ThreadSeccomp::new());
+        // A thread whose own filter cannot be stacked stops the VM instead of running.
+        let narrow = |kind: FilterKind, name: &'static str, events: Sender<VmEvent>| {
+            let seccomp = seccomp.clone();
+            move || match seccomp.narrow(kind) {
+                Ok(()) => true,
+                Err(e) => {
+                    let _ = events.send(VmEvent::Stopped(Outcome::Internal(format!(
+                        "{name} thread: {e}"
+                    ))));
+                    false
+                }
+            }
+        };
         // Two rendezvous: every thread has finished its start-up syscalls (so TSYNC covers a
         // fully started thread), then the filter is installed, then the guest runs.
         let arrived = Arc::new(Barrier::new(n_threads));
@@ -201,6 +226,7 @@ impl Vm {
                 caps: self.caps.clone(),
                 mem: self.mem.clone(),
                 xstate_reported: false,
+                seccomp: seccomp.clone(),
             };
             let (a, b) = (arrived.clone(), start.clone());
             let h = std::thread::Builder::new()
@@ -213,26 +239,53 @@ impl Vm {
         let mut muxer_thread = None;
         if let Some(m) = muxer {
             let (a, b) = (arrived.clone(), start.clone());
+            let narrowed = narrow(FilterKind::Base, "vsock", self.events_tx.clone());
             muxer_thread = Some(
                 std::thread::Builder::new()
                     .name("vsock".into())
                     .spawn(move || {
                         a.wait();
                         b.wait();
-                        m.run();
+                        if narrowed() {
+                            m.run();
+                        }
                     })
                     .map_err(setup("spawning vsock thread"))?,
+            );
+        }
+        let mut net_thread = None;
+        let mut net_report = None;
+        if let Some(n) = net {
+            let (a, b) = (arrived.clone(), start.clone());
+            let narrowed = narrow(FilterKind::Net, "net", self.events_tx.clone());
+            let reporter = Arc::new(DenialReporter::new(status.clone()));
+            net_report = Some(reporter.clone());
+            net_thread = Some(
+                std::thread::Builder::new()
+                    .name("net".into())
+                    .spawn(move || {
+                        crate::devices::net::thread::prepare_thread();
+                        a.wait();
+                        b.wait();
+                        if narrowed() {
+                            n.run(Some(reporter));
+                        }
+                    })
+                    .map_err(setup("spawning net thread"))?,
             );
         }
         if let Some(reader) = control {
             let (a, b) = (arrived.clone(), start.clone());
             let events = self.events_tx.clone();
+            let narrowed = narrow(FilterKind::Base, "control", self.events_tx.clone());
             std::thread::Builder::new()
                 .name("control".into())
                 .spawn(move || {
                     a.wait();
                     b.wait();
-                    crate::control::run(reader, events);
+                    if narrowed() {
+                        crate::control::run(reader, events);
+                    }
                 })
                 .map_err(setup("spawning control thread"))?;
         }
@@ -251,6 +304,9 @@ impl Vm {
             vcpu_threads,
             vcpu_cmds,
             _muxer_thread: muxer_thread,
+            _net_thread: net_thread,
+            net_report,
+            seccomp,
             start,
             key: self.key,
         })
@@ -272,6 +328,9 @@ pub struct Running {
     vcpu_threads: Vec<JoinHandle<()>>,
     vcpu_cmds: Vec<Sender<VcpuCommand>>,
     _muxer_thread: Option<JoinHandle<()>>,
+    _net_thread: Option<JoinHandle<()>>,
+    net_report: Option<Arc<DenialReporter>>,
+    seccomp: Arc<ThreadSeccomp>,
     start: Arc<Barrier>,
     key: SnapshotKey,
 }
@@ -286,9 +345,28 @@ pub struct Deadlines {
 }
 
 impl Running {
+    /// Installs the seccomp filter on every thread (see [`crate::seccomp`]): built for this
+    /// process with the console log and disk descriptors, the snapshot syscalls with
+    /// `snapshot`, and the net thread's own filter when the VM has a network device. Call
+    /// before [`Running::release`].
+    pub fn install_seccomp(&self, snapshot: bool) -> Result<(), SeccompError> {
+        let params = FilterParams::for_this_process(snapshot, Some(self.console_fd))
+            .with_disks(&self.disk_fds)
+            .with_network(self.net_report.is_some());
+        crate::seccomp::install(&params, &self.seccomp)
+    }
+
     /// Lets the vCPUs enter the guest (call after installing seccomp).
     pub fn release(&self) {
         self.start.wait();
+    }
+
+    /// Emits the NAT's denial counts one last time if they changed since the last
+    /// `net_denials` line, and no more after that (call before reporting the exit).
+    pub fn close_net_report(&self) {
+        if let Some(r) = &self.net_report {
+            r.close();
+        }
     }
 
     /// The last console lines (secrets redacted).

@@ -3,7 +3,8 @@
 //! [`load`] reads and verifies everything (container checksums, the memory digest, the key
 //! built from the config, the decoded state's bounds, the disks' count and modes) before the
 //! VM is created; the devices then validate their own state before they are built (each disk
-//! against the file the config names, reopened here), and KVM validates the CPU state before
+//! against the file the config names, reopened here; the network device against the configured
+//! MAC, with a new NAT from this config), and KVM validates the CPU state before
 //! any vCPU runs. Any refusal is a [`VmError::Snapshot`] and the VMM exits without having
 //! run the guest.
 
@@ -15,11 +16,13 @@ use std::time::Instant;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::devices::{open_disks, Attach, Console, VirtioBackend};
+use super::devices::{new_nat, open_disks, Attach, Console, VirtioBackend};
 use super::kvm::{create_vcpus, create_vm, register_memory};
 use super::{bind_vsock_socket, memory_size, setup, RestoreTimes, Vm, VmError};
 use crate::config::VmConfig;
 use crate::devices::block::{Block, BlockDevice};
+use crate::devices::net::thread::NetThread;
+use crate::devices::net::{NetBackend, NetDevice, NetKicks};
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
@@ -90,6 +93,35 @@ pub(super) fn restore(
         let block = Arc::new(Mutex::new(block));
         let transport = restore_transport(BlockDevice::new(block.clone()), &mem, &slot, state)?;
         devices.attach_virtio(slot, transport, VirtioBackend::Block(block))?;
+    }
+    if let Some(net) = &cfg.network {
+        let state = next_slot("net")?;
+        let VirtioDeviceState::Net(ns) = &state.device else {
+            return Err(refused(format!(
+                "virtio device {} is {}, not the network device",
+                cfg.disks.len(),
+                state.device.name()
+            )));
+        };
+        let slot = devices.next_virtio_slot("net")?;
+        let backend = NetBackend::restore(
+            ns,
+            net.guest_mac,
+            mem.clone(),
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+        )
+        .map_err(refused)?;
+        let backend = Arc::new(Mutex::new(backend));
+        let kicks = NetKicks::new().map_err(setup("eventfd"))?;
+        let dev = NetDevice::new(backend.clone(), kicks.clone());
+        let transport = restore_transport(dev, &mem, &slot, state)?;
+        // A new NAT from this config (nothing of the snapshot creator's); the thread looks at
+        // both queues at once, so buffers the guest posted before the snapshot are used.
+        let nat = new_nat(net)?;
+        kicks.kick_both();
+        let thread = NetThread::new(backend.clone(), nat, kicks, devices.stop_flag());
+        devices.attach_net(slot, transport, backend, thread)?;
     }
     if let Some(path) = &cfg.vsock_uds {
         let state = next_slot("vsock")?;

@@ -3,7 +3,8 @@
 //! 1. Every vCPU gets [`VcpuCommand::Pause`] and a kick; it leaves KVM_RUN, completes any
 //!    pending I/O exit, captures its own state and replies, then waits.
 //! 2. The main thread locks the serial port and every virtio transport and backend. The vsock
-//!    muxer touches the backend and guest memory only under the backend lock, and disk
+//!    muxer and the net thread touch their backend and guest memory only under the backend
+//!    lock, and disk
 //!    requests run inside a vCPU's MMIO exit (completed before it paused), so the devices
 //!    and guest memory are quiescent while the locks are held.
 //! 3. VM state (irqchip, PIT, clock) and device state are captured, the state blob and the
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use super::devices::VirtioBackend;
 use super::Running;
 use crate::devices::block::Block;
+use crate::devices::net::NetBackend;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::VsockBackend;
 use crate::persist::format::{encode_state, save};
@@ -64,6 +66,7 @@ impl Drop for ResumeGuard<'_> {
 /// A virtio slot's locks, transport first (the order the vCPU threads take them in).
 enum SlotGuard<'a> {
     Block(MutexGuard<'a, MmioTransport>, MutexGuard<'a, Block>),
+    Net(MutexGuard<'a, MmioTransport>, MutexGuard<'a, NetBackend>),
     Vsock(MutexGuard<'a, MmioTransport>, MutexGuard<'a, VsockBackend>),
 }
 
@@ -111,6 +114,10 @@ impl Running {
                     s.transport.lock().unwrap_or_else(|p| p.into_inner()),
                     crate::devices::block::lock(b),
                 ),
+                VirtioBackend::Net(b) => SlotGuard::Net(
+                    s.transport.lock().unwrap_or_else(|p| p.into_inner()),
+                    crate::devices::net::lock(b),
+                ),
                 VirtioBackend::Vsock(b) => SlotGuard::Vsock(
                     s.transport.lock().unwrap_or_else(|p| p.into_inner()),
                     crate::devices::vsock::lock(b),
@@ -126,6 +133,10 @@ impl Running {
                     SlotGuard::Block(t, b) => VirtioSlotState {
                         transport: t.save(),
                         device: VirtioDeviceState::Block(b.save()),
+                    },
+                    SlotGuard::Net(t, b) => VirtioSlotState {
+                        transport: t.save(),
+                        device: VirtioDeviceState::Net(b.save()),
                     },
                     SlotGuard::Vsock(t, b) => VirtioSlotState {
                         transport: t.save(),

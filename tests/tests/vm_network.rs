@@ -1,0 +1,215 @@
+//! Guest networking on real micro-VMs, through `voidbox apply` and `voidbox run`, against
+//! real servers on this host: Python's `http.server` on loopback and on this host's own
+//! address, and Debian's `dnsmasq` as the resolver the NAT forwards DNS to
+//! (`VOIDBOX_DNS_UPSTREAMS`). One pipeline fans out three nodes:
+//! - `gateway` (`allow_host_ports: [P1]`): fetches a file from `10.0.2.2:P1` (host
+//!   `127.0.0.1:P1`); `10.0.2.2:P2` is refused at once; a name resolves through dnsmasq; a
+//!   name dnsmasq points into a private range does not resolve in the guest and the literal
+//!   private address is refused;
+//! - `domains` (`allow_domains: [allowed.test]`, `allow: [HOST/32]`): the literal `HOST` is
+//!   refused (not resolved by the NAT), `other.test` does not resolve, `allowed.test` fetches;
+//! - `offline` (`network: false`): the guest has no interface but `lo`.
+//!
+//! (busybox `wget -T` crashes in Debian's busybox 1.35 — on the host too — so the guest
+//! scripts bound each fetch with `timeout` instead.)
+//!
+//! The JSON report carries each node's denials (destination, port, protocol, count).
+//! `voidbox run --network --allow-host-port` fetches from the host the same way.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+use voidbox_net::testing::Dnsmasq;
+use voidbox_tests::vm::guest_image;
+
+const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+/// A `python3 -m http.server` serving `dir` on `bind`, killed on drop.
+struct HttpServer {
+    child: Child,
+    port: u16,
+}
+
+impl HttpServer {
+    fn start(bind: Ipv4Addr, dir: &Path) -> HttpServer {
+        let mut child = Command::new("python3")
+            .args(["-u", "-m", "http.server", "0", "--bind"])
+            .arg(bind.to_string())
+            .arg("--directory")
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server (python3 is installed by scripts/test.sh)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        let port = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected http.server banner: {line:?}"));
+        HttpServer { child, port }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// This host's own (non-loopback) IPv4 address: the source address of its default route.
+fn host_address() -> Ipv4Addr {
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.connect("192.0.2.1:9")
+        .expect("the network tests need a host with an IPv4 default route");
+    match s.local_addr().unwrap().ip() {
+        std::net::IpAddr::V4(a) if !a.is_loopback() && !a.is_unspecified() => a,
+        other => panic!("no usable host address (got {other})"),
+    }
+}
+
+/// A free TCP port on loopback, with nothing listening on it afterwards.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn denial<'a>(node: &'a Value, destination: &str, port: u64, protocol: &str) -> Option<&'a Value> {
+    node["network"]["denials"]
+        .as_array()?
+        .iter()
+        .find(|d| d["destination"] == destination && d["port"] == port && d["protocol"] == protocol)
+}
+
+#[test]
+fn network_policies_through_apply_and_run() {
+    if guest_image().is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let www = home.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello-through-the-nat\n").unwrap();
+    let host = host_address();
+    let local = HttpServer::start(Ipv4Addr::LOCALHOST, &www);
+    let on_host = HttpServer::start(host, &www);
+    let refused = closed_port();
+    let dns = Dnsmasq::start(&[
+        ("pub.test", "203.0.113.7".parse().unwrap()),
+        ("internal.test", "10.1.2.3".parse().unwrap()),
+        ("allowed.test", host.into()),
+        ("other.test", host.into()),
+    ])
+    .expect("dnsmasq");
+
+    let gateway = format!(
+        "timeout 30 wget -q -O- http://10.0.2.2:{p1}/hello.txt; \
+         timeout 30 wget -q -O- http://10.0.2.2:{p2}/ 2>&1 | grep -q refused && echo host-port-refused; \
+         nslookup pub.test 10.0.2.3 | grep -q 203.0.113.7 && echo pub-resolved; \
+         nslookup internal.test 10.0.2.3 >/dev/null 2>&1 || echo internal-unresolved; \
+         timeout 30 wget -q -O- http://10.1.2.3/ 2>&1 | grep -q refused && echo private-refused; true",
+        p1 = local.port,
+        p2 = refused,
+    );
+    let domains = format!(
+        "timeout 30 wget -q -O- http://{host}:{p}/hello.txt 2>&1 | grep -q refused && echo literal-refused; \
+         timeout 30 wget -q -O- http://other.test:{p}/hello.txt >/dev/null 2>&1 || echo other-unresolved; \
+         timeout 30 wget -q -O- http://allowed.test:{p}/hello.txt; true",
+        p = on_host.port,
+    );
+    let spec = home.path().join("net.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "kind: pipeline\nname: net\nsandbox:\n  memory_mb: 128\npipeline:\n  boxes:\n\
+             \x20   - name: gateway\n      sandbox:\n        network: {{allow_host_ports: [{p1}]}}\n      run: {{program: sh, args: ['-c', {gateway:?}]}}\n\
+             \x20   - name: domains\n      sandbox:\n        network: {{allow_domains: [allowed.test], allow: ['{host}/32']}}\n      run: {{program: sh, args: ['-c', {domains:?}]}}\n\
+             \x20   - name: offline\n      sandbox: {{network: false}}\n      run: {{program: sh, args: ['-c', 'tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d \" \"']}}\n\
+             \x20 stages:\n    - {{type: fan_out, boxes: [gateway, domains, offline]}}\n",
+            p1 = local.port,
+        ),
+    )
+    .unwrap();
+    let out = Command::new(VOIDBOX)
+        .arg("apply")
+        .arg(&spec)
+        .args(["--output", "json", "--boot-timeout", "400", "--logs-dir"])
+        .arg(home.path().join("logs"))
+        .env("NO_COLOR", "1")
+        .env("TMPDIR", home.path())
+        .env("VOIDBOX_DNS_UPSTREAMS", dns.addr().to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let outputs: Vec<String> = doc["output"]
+        .as_array()
+        .unwrap_or_else(|| panic!("fan-out output is an array: {doc}"))
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().trim().to_string())
+        .collect();
+    assert_eq!(
+        outputs[0],
+        "hello-through-the-nat\nhost-port-refused\npub-resolved\ninternal-unresolved\nprivate-refused",
+        "report: {doc}"
+    );
+    assert_eq!(
+        outputs[1], "literal-refused\nother-unresolved\nhello-through-the-nat",
+        "report: {doc}"
+    );
+    assert_eq!(outputs[2], "lo", "report: {doc}");
+
+    let nodes = doc["nodes"].as_array().unwrap();
+    let node = |name: &str| nodes.iter().find(|n| n["name"] == name).unwrap();
+    let (gw, dom, off) = (node("gateway"), node("domains"), node("offline"));
+    for (n, dest, port, proto) in [
+        (gw, "10.0.2.2", refused as u64, "tcp"),
+        (gw, "10.1.2.3", 80, "tcp"),
+        (dom, host.to_string().as_str(), on_host.port as u64, "tcp"),
+        (dom, "other.test", 53, "dns"),
+    ] {
+        let d = denial(n, dest, port, proto)
+            .unwrap_or_else(|| panic!("no {proto} denial of {dest}:{port} in {}", n["network"]));
+        assert!(d["count"].as_u64().unwrap_or(0) >= 1, "{d}");
+    }
+    assert!(
+        denial(gw, "10.0.2.2", local.port as u64, "tcp").is_none(),
+        "the allowed port was counted as denied: {}",
+        gw["network"]
+    );
+    assert_eq!(off["network"], Value::Null);
+
+    // `voidbox run` with the same policy flags.
+    let out = Command::new(VOIDBOX)
+        .args(["run", "--memory-mb", "128", "--allow-host-port"])
+        .arg(local.port.to_string())
+        .arg("--")
+        .args(["timeout", "30", "wget", "-q", "-O-"])
+        .arg(format!("http://10.0.2.2:{}/hello.txt", local.port))
+        .env("TMPDIR", home.path())
+        .env("VOIDBOX_DNS_UPSTREAMS", dns.addr().to_string())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).as_ref()
+        ),
+        (Some(0), "hello-through-the-nat\n"),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
