@@ -3,7 +3,7 @@
 //! figures mostly measure the guest kernel).
 //!
 //! `cargo bench -p voidbox --bench net` (env: `VOIDBOX_BENCH_MIB` bytes per throughput run,
-//! default 64; `VOIDBOX_BENCH_RR` connect+request+close round trips, default 200). Needs
+//! default 8; `VOIDBOX_BENCH_RR` connect+request+close round trips, default 100). Needs
 //! `/dev/kvm`, the guest image and gcc (the guest client `benches/guest/netbench.c` is built
 //! static). This binary doubles as its own VMM (`net __vmm …`).
 //!
@@ -38,7 +38,7 @@ fn serve(listener: TcpListener) {
                 let _ = std::io::copy(&mut c, &mut std::io::sink());
                 let _ = c.write_all(b"OK");
             } else {
-                let mut req = [0u8; 2];
+                let mut req = [0u8; 1]; // the "\n" after 'G'
                 let _ = c.read_exact(&mut req);
                 let _ = c.write_all(&[b'r'; 128]);
             }
@@ -108,8 +108,10 @@ fn run(sb: &mut Sandbox, args: &[String]) -> Vec<f64> {
     assert_eq!(
         r.exit_code,
         Some(0),
-        "netbench {args:?}: {}",
-        String::from_utf8_lossy(&err)
+        "netbench {args:?}: {} after {} lines; NAT denials: {:?}",
+        String::from_utf8_lossy(&err),
+        String::from_utf8_lossy(&out).lines().count(),
+        sb.net_denials()
     );
     String::from_utf8_lossy(&out)
         .lines()
@@ -135,8 +137,8 @@ fn main() {
     if args.get(1).map(String::as_str) == Some(VMM_SUBCOMMAND) {
         vmm_process::run_vmm_mode(args[2..].to_vec());
     }
-    let mib = env_usize("VOIDBOX_BENCH_MIB", 64).max(1);
-    let n_rr = env_usize("VOIDBOX_BENCH_RR", 200).max(1);
+    let mib = env_usize("VOIDBOX_BENCH_MIB", 8).max(1);
+    let n_rr = env_usize("VOIDBOX_BENCH_RR", 100).max(1);
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let client = build_client(tmp.path());
     let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
