@@ -13,7 +13,10 @@
 //! only, and ICMP echo to them. `GATEWAY_IP:PORT` reaches host `127.0.0.1:PORT`, for
 //! [`Policy::allow_host_ports`] only. Every other destination is reached through a host socket
 //! from the VMM process (the guest's TCP is terminated in the NAT and relayed). IPv4 only;
-//! IP fragments are dropped; the guest must not use checksum offload.
+//! IP fragments are dropped. Every checksum of a guest frame is verified, so frames must
+//! arrive complete: the VMM's virtio-net device completes the checksums the guest offloads
+//! to it. Frames toward the guest always carry complete checksums (the device tells the
+//! guest so, and it skips verifying them).
 //!
 //! # Policy order
 //!
@@ -52,7 +55,8 @@
 //!
 //! # Limits (all bounded)
 //!
-//! [`TO_GUEST_QUEUE`] frames toward the guest (host sockets are not read while it is full),
+//! [`TO_GUEST_QUEUE`] frames and [`TO_GUEST_QUEUE_BYTES`] bytes toward the guest (host sockets
+//! are not read while it is full),
 //! [`TCP_BUFFER`] bytes per direction per TCP connection (the guest's window closes when the
 //! host does not take data, and host sockets are read only when there is room),
 //! [`MAX_PENDING_CONNECTS`] host connects in progress ([`CONNECT_TIMEOUT`]),
@@ -117,8 +121,12 @@ pub const PREFIX_LEN: u8 = 24;
 pub const GATEWAY_MAC: [u8; 6] = [0x52, 0x55, 0x0a, 0x00, 0x02, 0x02];
 /// Default guest MAC address (locally administered).
 pub const DEFAULT_GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
-/// Link MTU (bytes of IP packet per frame).
-pub const MTU: usize = 1500;
+/// Link MTU (bytes of IP packet per frame). Large on purpose: the guest kernel's per-frame
+/// work is what limits throughput (on hosts that interpret guest kernel code, each frame costs
+/// milliseconds), so a TCP segment of up to `MTU - 40` bytes travels as one frame. The
+/// virtio-net device offers it as `VIRTIO_NET_F_MTU` and Linux sets it on the interface.
+/// The largest value an IPv4 `total_len` and a 4-byte-aligned Linux MTU allow.
+pub const MTU: usize = 65520;
 /// Default of [`Policy::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
 /// Default of [`Policy::connections_per_second`].
@@ -231,8 +239,16 @@ pub enum NatError {
 
 /// Most frames queued toward the guest; host sockets are not read while the queue is full.
 pub const TO_GUEST_QUEUE: usize = 512;
-/// Receive and send buffer of each relayed TCP connection, bytes per direction.
-pub const TCP_BUFFER: usize = 64 * 1024;
+/// Most bytes queued toward the guest: the queue counts as full once it holds this many, so
+/// it never holds more than `TO_GUEST_QUEUE_BYTES + MTU + 13` bytes.
+pub const TO_GUEST_QUEUE_BYTES: usize = 2 << 20;
+/// Receive and send buffer of each relayed TCP connection, bytes per direction (a few
+/// [`MTU`]-sized segments in flight each way). Worst case for TCP buffers:
+/// `2 * TCP_BUFFER * max_connections` — 128 MiB at the default 256 connections; buffers are
+/// zero-allocated (fresh mappings at this size), so in practice mostly the pages that held
+/// relayed data cost memory. (Each host connect in progress also holds the guest's SYN frame,
+/// at most `MTU + 14` bytes: 16 MiB for [`MAX_PENDING_CONNECTS`] at worst.)
+pub const TCP_BUFFER: usize = 256 * 1024;
 /// Most host TCP connects in progress at once (beyond: the guest's SYN is dropped and retried).
 pub const MAX_PENDING_CONNECTS: usize = 256;
 /// A host connect not completed by then is answered with ICMP host unreachable.
@@ -301,7 +317,7 @@ impl Nat {
         };
         let epoch = Instant::now();
         let mut rng = Rng::seeded();
-        let mut phy = phy::Phy::new(TO_GUEST_QUEUE);
+        let mut phy = phy::Phy::new(TO_GUEST_QUEUE, TO_GUEST_QUEUE_BYTES);
         let mut iface_config = Config::new(HardwareAddress::Ethernet(EthernetAddress(GATEWAY_MAC)));
         iface_config.random_seed = rng.next_u64();
         let mut iface = Interface::new(iface_config, &mut phy, smoltcp::time::Instant::ZERO);
@@ -428,6 +444,7 @@ impl Nat {
         s.dns_in_flight = self.dns.inflight.len() as u64;
         s.dns_tcp_sessions = self.dns_tcp.len() as u64;
         s.queued_to_guest = self.phy.len() as u64;
+        s.queued_bytes_to_guest = self.phy.bytes() as u64;
         s.pinned_addresses = self.policy.pinned_len() as u64;
         s
     }

@@ -1,5 +1,5 @@
-//! The smoltcp device between the NAT and the guest: one guest frame at a time in, a bounded
-//! queue of frames out.
+//! The smoltcp device between the NAT and the guest: one guest frame at a time in, a queue of
+//! frames out bounded in frames and in bytes.
 
 use std::collections::VecDeque;
 
@@ -11,12 +11,43 @@ use crate::MTU;
 /// Ethernet header length.
 const ETH_HEADER: usize = 14;
 
+/// The frames queued toward the guest, bounded in number and bytes.
+pub(crate) struct OutQueue {
+    frames: VecDeque<Vec<u8>>,
+    bytes: usize,
+    cap: usize,
+    cap_bytes: usize,
+}
+
+impl OutQueue {
+    /// Full: `cap` frames, or at least `cap_bytes` bytes (so it never holds more than
+    /// `cap_bytes - 1` plus one frame).
+    fn is_full(&self) -> bool {
+        self.frames.len() >= self.cap || self.bytes >= self.cap_bytes
+    }
+
+    /// Queues `frame`; false (frame not queued) when full.
+    fn push(&mut self, frame: Vec<u8>) -> bool {
+        if self.is_full() {
+            return false;
+        }
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+        true
+    }
+
+    fn pop(&mut self) -> Option<Vec<u8>> {
+        let frame = self.frames.pop_front()?;
+        self.bytes -= frame.len();
+        Some(frame)
+    }
+}
+
 /// Frames in (one at a time) and out (bounded queue) of smoltcp.
 pub(crate) struct Phy {
     rx: Vec<u8>,
     rx_ready: bool,
-    tx: VecDeque<Vec<u8>>,
-    tx_cap: usize,
+    tx: OutQueue,
     /// smoltcp wanted to send while the queue was full (cleared by every `Nat::poll`).
     pub(crate) tx_blocked: bool,
     /// Frames smoltcp built as immediate replies while the queue was full.
@@ -24,12 +55,17 @@ pub(crate) struct Phy {
 }
 
 impl Phy {
-    pub(crate) fn new(tx_cap: usize) -> Phy {
+    /// A device queueing at most `tx_cap` frames and (about) `tx_cap_bytes` bytes for the guest.
+    pub(crate) fn new(tx_cap: usize, tx_cap_bytes: usize) -> Phy {
         Phy {
-            rx: Vec::with_capacity(MTU + ETH_HEADER),
+            rx: Vec::new(),
             rx_ready: false,
-            tx: VecDeque::with_capacity(tx_cap),
-            tx_cap,
+            tx: OutQueue {
+                frames: VecDeque::new(),
+                bytes: 0,
+                cap: tx_cap,
+                cap_bytes: tx_cap_bytes,
+            },
             tx_blocked: false,
             tx_dropped: 0,
         }
@@ -49,24 +85,26 @@ impl Phy {
 
     /// Queues a frame for the guest; false (frame dropped) when the queue is full.
     pub(crate) fn push(&mut self, frame: Vec<u8>) -> bool {
-        if self.is_full() {
-            return false;
-        }
-        self.tx.push_back(frame);
-        true
+        self.tx.push(frame)
     }
 
     /// The oldest frame for the guest.
     pub(crate) fn pop(&mut self) -> Option<Vec<u8>> {
-        self.tx.pop_front()
+        self.tx.pop()
     }
 
     pub(crate) fn is_full(&self) -> bool {
-        self.tx.len() >= self.tx_cap
+        self.tx.is_full()
     }
 
+    /// Frames queued for the guest.
     pub(crate) fn len(&self) -> usize {
-        self.tx.len()
+        self.tx.frames.len()
+    }
+
+    /// Bytes queued for the guest.
+    pub(crate) fn bytes(&self) -> usize {
+        self.tx.bytes
     }
 }
 
@@ -84,8 +122,7 @@ impl RxToken for Rx<'_> {
 
 /// Room for one frame toward the guest.
 pub(crate) struct Tx<'a> {
-    queue: &'a mut VecDeque<Vec<u8>>,
-    cap: usize,
+    queue: &'a mut OutQueue,
     dropped: &'a mut u64,
 }
 
@@ -97,9 +134,7 @@ impl TxToken for Tx<'_> {
         let mut frame = vec![0; len];
         let r = f(&mut frame);
         // A reply token handed out with a received frame may find the queue full.
-        if self.queue.len() < self.cap {
-            self.queue.push_back(frame);
-        } else {
+        if !self.queue.push(frame) {
             *self.dropped += 1;
         }
         r
@@ -116,17 +151,12 @@ impl Device for Phy {
         }
         self.rx_ready = false;
         let Phy {
-            rx,
-            tx,
-            tx_cap,
-            tx_dropped,
-            ..
+            rx, tx, tx_dropped, ..
         } = self;
         Some((
             Rx(rx.as_slice()),
             Tx {
                 queue: tx,
-                cap: *tx_cap,
                 dropped: tx_dropped,
             },
         ))
@@ -139,7 +169,6 @@ impl Device for Phy {
         }
         Some(Tx {
             queue: &mut self.tx,
-            cap: self.tx_cap,
             dropped: &mut self.tx_dropped,
         })
     }

@@ -86,6 +86,8 @@ pub struct NatStats {
     pub dns_tcp_sessions: u64,
     /// Frames queued toward the guest now.
     pub queued_to_guest: u64,
+    /// Bytes of those frames now.
+    pub queued_bytes_to_guest: u64,
     /// Addresses pinned by `allow_domains` now.
     pub pinned_addresses: u64,
     /// Time spent inside `from_guest` and `poll` (NAT processing, syscalls included).

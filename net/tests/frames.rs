@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use smoltcp::wire::TcpControl;
-use voidbox_net::{reasons, Policy, Protocol, DNS_IP, GATEWAY_IP, GATEWAY_MAC, TO_GUEST_QUEUE};
+use voidbox_net::{
+    reasons, Policy, Protocol, DNS_IP, GATEWAY_IP, GATEWAY_MAC, TO_GUEST_QUEUE,
+    TO_GUEST_QUEUE_BYTES,
+};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -383,10 +386,10 @@ fn malformed_frames_are_counted_never_panic() {
     let mut bad: Vec<Vec<u8>> = vec![
         vec![],
         vec![0xff; 5],
-        good[..13].to_vec(), // truncated Ethernet
-        good[..20].to_vec(), // truncated IPv4
-        good[..40].to_vec(), // truncated TCP
-        vec![0; 1600],       // oversized
+        good[..13].to_vec(),            // truncated Ethernet
+        good[..20].to_vec(),            // truncated IPv4
+        good[..40].to_vec(),            // truncated TCP
+        vec![0; voidbox_net::MTU + 15], // oversized
     ];
     let mut wrong_mac = good.clone();
     wrong_mac[0..6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);
@@ -451,6 +454,46 @@ fn queue_to_guest_is_bounded() {
     // Replies dropped while full are not an error; the queue works again once drained.
     nat.from_guest(&arp_request(GATEWAY_IP), now);
     assert_eq!(drain(&mut nat).len(), 1);
+}
+
+/// Frames of up to the MTU: the queue toward the guest is bounded in bytes as well.
+#[test]
+fn queue_to_guest_is_bounded_in_bytes() {
+    let mut nat = nat(Policy::default(), None);
+    let now = Instant::now();
+    nat.from_guest(&arp_request(GATEWAY_IP), now);
+    drain(&mut nat);
+    let data = vec![0xab; voidbox_net::MTU - 28];
+    let ping = icmp_echo(GATEWAY_IP, 7, 1, &data);
+    assert_eq!(
+        ping.len(),
+        voidbox_net::MTU + 14,
+        "a ping of the largest frame"
+    );
+    for _ in 0..100 {
+        nat.from_guest(&ping, now);
+        let s = nat.stats();
+        assert!(
+            s.queued_bytes_to_guest as usize <= TO_GUEST_QUEUE_BYTES + voidbox_net::MTU + 13,
+            "{s:?}"
+        );
+    }
+    let s = nat.stats();
+    assert!(
+        s.queued_bytes_to_guest as usize >= TO_GUEST_QUEUE_BYTES,
+        "{s:?}"
+    );
+    let out = drain(&mut nat);
+    assert_eq!(out.len() as u64, s.queued_to_guest);
+    assert!(out.len() < 100 && out.len() < TO_GUEST_QUEUE);
+    // Every reply is a whole MTU-sized echo reply.
+    for o in &out {
+        match o {
+            Out::EchoReply { data: d, .. } => assert_eq!(d.len(), data.len()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(nat.stats().queued_bytes_to_guest, 0);
 }
 
 #[test]

@@ -2,8 +2,8 @@
 """Writes the seed corpus of the `net_frame` fuzz target (corpus/net_frame/).
 
 Entry format (see voidbox_vmm::devices::net::fuzz::fuzz_frames): byte 0 = flags (bit 0: also
-deliver a 1514-byte frame, bit 1: also deliver an over-long frame), then guest memory from
-address 0 (64 KiB at most). Two 16-entry queues: receive (descriptors 0x0, available ring
+deliver a frame of the largest size (MTU 65520 + 14), bit 1: also deliver an over-long
+frame), then guest memory from address 0 (256 KiB at most). Two 16-entry queues: receive (descriptors 0x0, available ring
 0x100, used ring 0x200) and transmit (0x400, 0x500, 0x600). Transmitted frames are looped
 back into receive buffers. Run from anywhere: `python3 vmm/fuzz/gen_net_corpus.py`.
 """
@@ -15,7 +15,8 @@ RX = (0x0, 0x100, 0x200)
 TX = (0x400, 0x500, 0x600)
 F_NEXT, F_WRITE = 1, 2
 HDR = 12
-MAX_FRAME = 1514
+MAX_FRAME = 65520 + 14
+F_NEEDS_CSUM = 1
 
 
 def frame(length, fill):
@@ -58,9 +59,9 @@ class Image:
         self.next_desc[q] = first + len(bufs)
         self.heads[q].append(first)
 
-    def transmit(self, data, pieces=None):
+    def transmit(self, data, pieces=None, hdr=bytes(HDR)):
         """Header + data as one descriptor, or split at the offsets in `pieces`."""
-        raw = bytes(HDR) + data
+        raw = hdr + data
         cuts = [0] + (pieces or []) + [len(raw)]
         bufs = []
         for a, b in zip(cuts, cuts[1:]):
@@ -140,6 +141,21 @@ def seeds():
     img.desc(RX, 0, 0x8000, 0xFFFFFFFF, F_WRITE, 0)
     img.heads[RX].append(0)
     s["rx_huge_length"] = img.bytes()
+
+    # Checksum offload: NEEDS_CSUM with the field inside the frame (completed), at its last
+    # two bytes, and outside it (dropped).
+    for name, (start, offset) in {
+        "tx_csum_valid": (34, 16),
+        "tx_csum_last_bytes": (34, 24),
+        "tx_csum_start_past_end": (60, 0),
+        "tx_csum_field_straddles_end": (34, 25),
+        "tx_csum_huge_offsets": (0xFFFF, 0xFFFF),
+    }.items():
+        img = Image()
+        hdr = struct.pack("<BBHHHHH", F_NEEDS_CSUM, 0, 0, 0, start, offset, 0)
+        img.transmit(frame(60, 0x42), pieces=[5], hdr=hdr)
+        img.receive_buffer([HDR + MAX_FRAME])
+        s[name] = img.bytes()
 
     s["rx_too_small"] = echo(60, [40]).bytes()
     s["empty"] = Image().bytes()

@@ -138,6 +138,18 @@ fn block_request_outcomes_for_named_seeds() {
     }
 }
 
+/// RFC 1071 ones'-complement sum, folded (0xffff over a span with a valid checksum).
+fn ones_sum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in data.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
 fn net_seed(name: &str) -> NetReport {
     let data = std::fs::read(corpus("net_frame").join(name)).unwrap();
     fuzz_frames(&data).unwrap_or_else(|| panic!("{name}: no report"))
@@ -200,6 +212,30 @@ fn net_frame_outcomes_for_named_seeds() {
     }
     // Bad sizes are dropped and counted; the device carries on.
     for name in ["tx_too_short", "tx_too_long", "tx_header_only"] {
+        let r = ok(name);
+        assert!(r.tx_frames.is_empty(), "{name}");
+        assert_eq!(r.stats.tx_dropped, 1, "{name}");
+    }
+    // Checksum offload (NEEDS_CSUM): completed inside the frame, dropped when the field
+    // lies outside it.
+    for (name, field) in [("tx_csum_valid", 34 + 16), ("tx_csum_last_bytes", 58)] {
+        let r = ok(name);
+        assert_eq!(r.tx_frames.len(), 1, "{name}");
+        let f = &r.tx_frames[0];
+        assert_ne!(
+            f[field..field + 2],
+            [0x42, 0x42],
+            "{name}: checksum not written"
+        );
+        // The seed's field held 0x4242 as the "pseudo-header sum": add it back to verify.
+        let sum = u32::from(ones_sum(&f[34..])) + 0x4242;
+        assert_eq!(sum % 0xffff, 0, "{name}: checksum does not verify");
+    }
+    for name in [
+        "tx_csum_start_past_end",
+        "tx_csum_field_straddles_end",
+        "tx_csum_huge_offsets",
+    ] {
         let r = ok(name);
         assert!(r.tx_frames.is_empty(), "{name}");
         assert_eq!(r.stats.tx_dropped, 1, "{name}");

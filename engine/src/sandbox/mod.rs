@@ -161,7 +161,11 @@ pub fn image_key(
     if !network {
         return with_disks;
     }
-    crate::image::manifest::content_hash(&(with_disks, "virtio-net", crate::network::boot_param()))
+    crate::image::manifest::content_hash(&(
+        with_disks,
+        voidbox_vmm::devices::net::SNAPSHOT_KEY,
+        crate::network::boot_param(),
+    ))
 }
 
 /// Where the time of a cold start went (all measured on the host).

@@ -595,10 +595,10 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_named_snapshot_without_network_does_not_restore_a_network_node() {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(Some(d.path())).unwrap();
+    /// A store in `dir` holding one installed entry (256 MiB, no network, secret `[1; 32]`)
+    /// of [`spec`]`(256)`.
+    fn installed_entry(dir: &Path) -> (Store, GoldenSpec) {
+        let store = Store::open(Some(dir)).unwrap();
         let s = spec(256);
         let st = store.staging().unwrap();
         std::fs::write(st.path().join("state.snap"), b"s").unwrap();
@@ -621,6 +621,13 @@ mod tests {
         let secret = voidbox_protocol::SessionSecret::from_bytes([1; 32]);
         store::write_entry_files(st.path(), &secret, &meta).unwrap();
         store.install(st, &s.key()).unwrap();
+        (store, s)
+    }
+
+    #[test]
+    fn a_named_snapshot_without_network_does_not_restore_a_network_node() {
+        let d = tempfile::tempdir().unwrap();
+        let (store, s) = installed_entry(d.path());
         // The meta file of an entry without network is what it was before networking.
         let text = std::fs::read_to_string(store.entry_dir(&s.key()).join("meta.json")).unwrap();
         assert!(!text.contains("network"), "{text}");
@@ -640,29 +647,7 @@ mod tests {
     #[test]
     fn a_named_snapshot_that_does_not_fit_is_refused_with_help() {
         let d = tempfile::tempdir().unwrap();
-        let store = Store::open(Some(d.path())).unwrap();
-        let s = spec(256);
-        let st = store.staging().unwrap();
-        std::fs::write(st.path().join("state.snap"), b"s").unwrap();
-        std::fs::write(st.path().join("memory.bin"), b"m").unwrap();
-        let meta = Meta {
-            key: s.key(),
-            image_hash: s.image.hash.clone(),
-            image_key: image_key(&s.image, &[], &s.disks, false),
-            extra_cmdline: vec![],
-            network: false,
-            memory_mb: 256,
-            vcpus: 1,
-            created_unix: 0,
-            voidbox_version: "0".into(),
-            boot_ms: 0,
-            snapshot_ms: 0,
-            pause_us: 0,
-            state_bytes: 0,
-        };
-        let secret = voidbox_protocol::SessionSecret::from_bytes([1; 32]);
-        store::write_entry_files(st.path(), &secret, &meta).unwrap();
-        store.install(st, &s.key()).unwrap();
+        let (store, s) = installed_entry(d.path());
         let mut cfg = SandboxConfig::new(s.image.clone());
         cfg.memory_mb = 128;
         let e = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap_err();
@@ -670,7 +655,10 @@ mod tests {
         assert!(e.to_string().contains("voidbox snapshot create"), "{e}");
         cfg.memory_mb = 256;
         let lease = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap();
-        assert_eq!(lease.restore.secret, secret);
+        assert_eq!(
+            lease.restore.secret,
+            voidbox_protocol::SessionSecret::from_bytes([1; 32])
+        );
         assert!(!lease.golden);
         // By directory too.
         let dir = store.entry_dir(&s.key());

@@ -16,7 +16,7 @@ use crate::devices::virtio::Interrupt;
 
 /// Guest memory of [`fuzz_frames`].
 #[doc(hidden)]
-pub const FUZZ_MEM_BYTES: usize = 0x1_0000;
+pub const FUZZ_MEM_BYTES: usize = 0x4_0000;
 /// Receive queue layout of [`fuzz_frames`]: size, descriptor table, available ring, used ring.
 #[doc(hidden)]
 pub const FUZZ_RX_QUEUE: (u16, u64, u64, u64) = (16, 0x0, 0x100, 0x200);

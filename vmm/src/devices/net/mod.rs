@@ -1,11 +1,15 @@
 //! virtio-net (device id 1): the guest's Ethernet interface, backed by the VM's own user-mode
 //! NAT ([`voidbox_net::Nat`]). The device exists only when the config has a `network`.
 //!
-//! Offered features: `VERSION_1`, `MAC` (the config's `guest_mac`), `MTU` (1500) and `STATUS`
-//! (link always up) — no checksum, segmentation or mergeable-buffer offloads, no control
-//! queue, so every frame is a whole Ethernet frame of at most [`MAX_FRAME_LEN`] bytes behind
-//! the 12-byte `virtio_net_hdr_v1` ([`frame`]). Two queues: receive ([`RXQ`]) and transmit
-//! ([`TXQ`]).
+//! Offered features: `VERSION_1`, `MAC` (the config's `guest_mac`), `MTU` ([`MTU`], the NAT's
+//! 65520: Linux sets it on the interface and posts "big" receive buffers — chains of pages
+//! holding a whole frame — so one TCP segment of up to 64 KiB is one frame, one notification
+//! and one interrupt), `CSUM` and `GUEST_CSUM` (checksum offload both ways: the guest kernel,
+//! whose every instruction is expensive on some hosts, neither computes nor verifies TCP/UDP
+//! checksums; the device completes them on transmit — see [`frame`]) and `STATUS` (link
+//! always up) — no segmentation or mergeable-buffer offloads, no control queue, so every
+//! frame is a whole Ethernet frame of at most [`MAX_FRAME_LEN`] bytes behind the 12-byte
+//! `virtio_net_hdr_v1` ([`frame`]). Two queues: receive ([`RXQ`]) and transmit ([`TXQ`]).
 //!
 //! **Where frames move.** All queue processing runs on the VMM's `net` thread ([`thread`]),
 //! which owns the NAT; the vCPU thread only kicks one of two eventfds on QueueNotify. The
@@ -14,13 +18,21 @@
 //! a frame is taken from the NAT only when a receive buffer is available; the NAT's bounded
 //! queue then stops it reading host sockets.
 //!
+//! **Notifications and interrupts** (`VIRTIO_RING_F_EVENT_IDX`, offered): every guest
+//! notification and interrupt costs the guest an exit or an interrupt entry, expensive on
+//! hosts that interpret guest kernel code. The device raises at most one interrupt per queue
+//! per batch, and none the driver's `used_event` suppressed; it asks for a transmit
+//! notification only once it has taken every chain, and for a receive notification only when
+//! it ran out of receive buffers.
+//!
 //! Everything the guest controls is checked: every descriptor walk is bounded by the queue
 //! size and [`MAX_CHAIN_DESCS`], every buffer lies in guest memory, lengths are summed with
 //! overflow checks and never allocated from before they are bounded. A malformed queue (a
 //! loop, a buffer outside guest memory, a device-writable buffer in the transmit queue, a
 //! device-readable one in the receive queue, a runaway available index) marks the device
 //! broken (DEVICE_NEEDS_RESET), as for the other virtio devices; a well-formed chain holding
-//! a bad frame (shorter than an Ethernet header, longer than the MTU allows) is dropped and
+//! a bad frame (shorter than an Ethernet header, longer than the MTU allows, a checksum to
+//! complete at offsets outside the frame) is dropped and
 //! counted, and a frame that does not fit the guest's receive buffer is dropped and counted
 //! (the buffer is returned empty, which Linux counts as a length error).
 
@@ -37,7 +49,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use self::frame::{read_tx_frame, rx_capacity, write_rx_frame, NET_HDR_LEN};
+use self::frame::{read_tx_frame, rx_capacity, rx_header, write_rx_frame, NET_HDR_LEN};
 use super::virtio::queue::{collect_chain_bounded, pop_chain, ChainError, Desc};
 use super::virtio::{
     ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
@@ -61,6 +73,11 @@ pub const MTU: u16 = voidbox_net::MTU as u16;
 pub const MAX_FRAME_LEN: usize = voidbox_net::MTU + ETH_HLEN;
 /// Length of an Ethernet header: the smallest frame.
 pub const ETH_HLEN: usize = 14;
+/// What the guest sees of this device model (offered features, MTU), for snapshot keys: a
+/// guest restored from a snapshot keeps what its driver negotiated at boot, so a snapshot
+/// taken with another device model must not be reused. Change it whenever the offered
+/// features or the config space change.
+pub const SNAPSHOT_KEY: &str = "virtio-net mtu=65520 csum guest_csum event_idx";
 /// Longest "broken" reason kept.
 pub const MAX_REASON_LEN: usize = 1024;
 
@@ -68,12 +85,20 @@ const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE; 2];
 
 /// Feature bits (`VIRTIO_NET_F_*`).
 pub mod features {
+    /// The driver may leave transmitted TCP/UDP checksums partial (`NEEDS_CSUM`): the device
+    /// completes them ([`super::frame::complete_checksum`]).
+    pub const CSUM: u32 = 0;
+    /// The device marks received frames `DATA_VALID`: the driver need not verify checksums.
+    pub const GUEST_CSUM: u32 = 1;
     /// `mtu` in config space is valid.
     pub const MTU: u32 = 3;
     /// `mac` in config space is valid.
     pub const MAC: u32 = 5;
     /// `status` in config space is valid.
     pub const STATUS: u32 = 16;
+    /// `VIRTIO_RING_F_EVENT_IDX`: the driver says when it wants an interrupt (`used_event`),
+    /// the device when it wants a notification (`avail_event`).
+    pub const RING_EVENT_IDX: u32 = 29;
 }
 
 /// `VIRTIO_NET_S_LINK_UP`.
@@ -82,9 +107,12 @@ pub const LINK_UP: u16 = 1;
 /// The features offered.
 pub fn offered_features() -> u64 {
     (1u64 << VIRTIO_F_VERSION_1)
+        | (1 << features::CSUM)
+        | (1 << features::GUEST_CSUM)
         | (1 << features::MTU)
         | (1 << features::MAC)
         | (1 << features::STATUS)
+        | (1 << features::RING_EVENT_IDX)
 }
 
 /// The config space (`struct virtio_net_config` up to `mtu`): MAC, status (link up),
@@ -174,6 +202,11 @@ impl NetBackend {
         self.broken.as_deref()
     }
 
+    /// True when the driver acknowledged feature bit `bit`.
+    fn acked(&self, bit: u32) -> bool {
+        self.acked_features & (1 << bit) != 0
+    }
+
     /// True between activation and reset, unless broken.
     pub fn is_active(&self) -> bool {
         self.queues.is_some() && self.broken.is_none()
@@ -193,10 +226,12 @@ impl NetBackend {
                     expected: QUEUE_SIZES.len(),
                     got: v.len(),
                 })?;
-        for (i, q) in [&rx, &tx].into_iter().enumerate() {
+        let (mut rx, mut tx) = (rx, tx);
+        for (i, q) in [&mut rx, &mut tx].into_iter().enumerate() {
             if !q.ready() || !q.is_valid(&mem) {
                 return Err(ActivateError::BadQueue(i));
             }
+            q.set_event_idx(acked_features & (1 << features::RING_EVENT_IDX) != 0);
         }
         self.mem = Some(mem);
         self.queues = Some(NetQueues { rx, tx });
@@ -265,9 +300,37 @@ impl NetBackend {
         }
     }
 
-    fn signal_used(&self) {
+    /// Raises the used-buffer interrupt for queue `which`, unless the driver suppressed it
+    /// (`used_event`, with `EVENT_IDX`).
+    fn signal_used(&mut self, mem: &GuestMem, which: usize) {
+        let Some(qs) = self.queues.as_mut() else {
+            return;
+        };
+        let q = if which == RXQ { &mut qs.rx } else { &mut qs.tx };
+        // A used_event the device cannot read: interrupt, as without EVENT_IDX.
+        if !q.needs_notification(mem).unwrap_or(true) {
+            return;
+        }
         if let Err(e) = self.irq.signal(INT_VRING) {
             log::warn!("net: cannot raise interrupt: {e}");
+        }
+    }
+
+    /// Asks the driver to notify when it adds to queue `which` (with `EVENT_IDX`: at the
+    /// next chain after those taken so far). True when chains arrived meanwhile (take them:
+    /// no notification will come for them).
+    fn want_notification(&mut self, mem: &GuestMem, which: usize) -> bool {
+        let Some(qs) = self.queues.as_mut() else {
+            return false;
+        };
+        let q = if which == RXQ { &mut qs.rx } else { &mut qs.tx };
+        match q.enable_notification(mem) {
+            Ok(more) => more,
+            Err(e) => {
+                let name = if which == RXQ { "RX" } else { "TX" };
+                self.mark_broken(format!("{name} avail ring: {e}"));
+                false
+            }
         }
     }
 
@@ -282,6 +345,7 @@ impl NetBackend {
         let Some(mem) = self.mem.clone() else {
             return batch;
         };
+        let csum = self.acked(features::CSUM);
         let mut taken = 0usize;
         loop {
             if taken >= max {
@@ -290,13 +354,14 @@ impl NetBackend {
             }
             let (head, descs) = match self.next_chain(&mem, TXQ) {
                 Ok(Some(c)) => c,
+                Ok(None) if self.want_notification(&mem, TXQ) => continue,
                 Ok(None) => break,
                 Err(e) => {
                     self.mark_broken(format!("TX queue: {e}"));
                     break;
                 }
             };
-            match read_tx_frame(&mem, &descs) {
+            match read_tx_frame(&mem, &descs, csum) {
                 Ok(Ok(frame)) => {
                     self.stats.tx_frames += 1;
                     batch.frames.push(frame);
@@ -317,7 +382,7 @@ impl NetBackend {
             batch.used = true;
         }
         if batch.used && self.broken.is_none() {
-            self.signal_used();
+            self.signal_used(&mem, TXQ);
         }
         batch
     }
@@ -345,11 +410,15 @@ impl NetBackend {
         let Some(mem) = self.mem.clone() else {
             return false;
         };
+        let header = rx_header(self.acked(features::GUEST_CSUM));
         let mut used = false;
         loop {
             let (head, descs) = match self.next_chain(&mem, RXQ) {
                 Ok(Some(c)) => c,
-                Ok(None) => break, // the guest notifies when it adds buffers
+                // Out of buffers: the guest notifies when it adds some (while buffers are
+                // left, its notifications are not needed and stay suppressed).
+                Ok(None) if self.want_notification(&mem, RXQ) => continue,
+                Ok(None) => break,
                 Err(e) => {
                     self.mark_broken(format!("RX queue: {e}"));
                     break;
@@ -371,7 +440,7 @@ impl NetBackend {
             };
             let fits = frame.len() <= MAX_FRAME_LEN && (NET_HDR_LEN + frame.len()) as u64 <= cap;
             let written = if fits {
-                match write_rx_frame(&mem, &descs, &frame) {
+                match write_rx_frame(&mem, &descs, &header, &frame) {
                     Ok(n) => {
                         self.stats.rx_frames += 1;
                         n
@@ -395,7 +464,7 @@ impl NetBackend {
             used = true;
         }
         if used && self.broken.is_none() {
-            self.signal_used();
+            self.signal_used(&mem, RXQ);
         }
         used
     }

@@ -131,16 +131,17 @@ struct H {
 
 impl H {
     fn new() -> Self {
+        Self::with_features(offered_features())
+    }
+
+    /// A device whose driver acknowledged `acked`.
+    fn with_features(acked: u64) -> Self {
         let mem = create_guest_memory(MEM_SIZE).unwrap();
         let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
         let mut dev = NetBackend::new(DEFAULT_GUEST_MAC, irq.clone(), None);
         let (rx, tx) = (Ring::new(0x1_0000, 16), Ring::new(0x2_0000, 16));
-        dev.activate(
-            mem.clone(),
-            vec![rx.queue(), tx.queue()],
-            offered_features(),
-        )
-        .unwrap();
+        dev.activate(mem.clone(), vec![rx.queue(), tx.queue()], acked)
+            .unwrap();
         Self {
             mem,
             dev: Arc::new(Mutex::new(dev)),
@@ -210,7 +211,8 @@ impl H {
                 assert!(len <= cap, "used length {len} beyond the {cap}-byte buffer");
                 let mut b = vec![0u8; len as usize];
                 self.mem.read_slice(&mut b, GuestAddress(addr)).unwrap();
-                assert_eq!(b[..NET_HDR_LEN], rx_header(), "virtio-net header");
+                let data_valid = self.dev().acked(features::GUEST_CSUM);
+                assert_eq!(b[..NET_HDR_LEN], rx_header(data_valid), "virtio-net header");
                 b.split_off(NET_HDR_LEN)
             })
             .collect()
@@ -250,8 +252,9 @@ fn config_space_and_features_through_the_transport() {
     let f = u64::from(lo) | (u64::from(hi) << 32);
     assert_eq!(
         f,
-        (1 << 32) | (1 << 3) | (1 << 5) | (1 << 16),
-        "VERSION_1, MTU, MAC, STATUS and nothing else (no offloads, no mergeable buffers)"
+        (1 << 32) | (1 << 29) | 1 | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 16),
+        "VERSION_1, EVENT_IDX, CSUM, GUEST_CSUM, MTU, MAC, STATUS and nothing else (no \
+         segmentation offloads, no mergeable buffers)"
     );
     t.write(reg::QUEUE_SEL, &0u32.to_le_bytes());
     assert_eq!(read32(&mut t, reg::QUEUE_NUM_MAX), u32::from(QUEUE_SIZE));
@@ -261,14 +264,19 @@ fn config_space_and_features_through_the_transport() {
     t.read(reg::CONFIG, &mut cfg);
     assert_eq!(cfg[..6], mac);
     assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), LINK_UP);
-    assert_eq!(u16::from_le_bytes([cfg[10], cfg[11]]), 1500);
+    assert_eq!(u16::from_le_bytes([cfg[10], cfg[11]]), 65520);
+    assert_eq!(usize::from(MTU), voidbox_net::MTU);
+    assert!(
+        SNAPSHOT_KEY.contains(&format!("mtu={MTU} ")),
+        "snapshot key follows the MTU"
+    );
     // Byte-wise reads (how Linux reads the MAC) and reads past the end.
     let mut b = [0u8; 1];
     t.read(reg::CONFIG + 5, &mut b);
     assert_eq!(b[0], 0xef);
     let mut b = [0xffu8; 2];
     t.read(reg::CONFIG + 11, &mut b);
-    assert_eq!(b, [1500u16.to_le_bytes()[1], 0]);
+    assert_eq!(b, [65520u16.to_le_bytes()[1], 0]);
 }
 
 #[test]
@@ -280,8 +288,8 @@ fn transmitted_frames_lose_their_header_in_any_layout() {
     let hd1 = h.transmit(&f1);
     // Header alone, then the frame in 500-byte pieces.
     let hd2 = h.transmit_split(&[0u8; NET_HDR_LEN], &f2, &[NET_HDR_LEN, 500, 500, 0]);
-    // Split mid-header, whatever the header holds.
-    let hd3 = h.transmit_split(&[0x7f; NET_HDR_LEN], &f3, &[5, 107, 0]);
+    // Split mid-header, whatever the header holds (but NEEDS_CSUM).
+    let hd3 = h.transmit_split(&[0x7e; NET_HDR_LEN], &f3, &[5, 107, 0]);
     let batch = h.dev().drain_tx(TX_BATCH_FOR_TESTS);
     assert_eq!(batch.frames, vec![f1, f2, f3]);
     assert!(batch.used && !batch.more);
@@ -325,6 +333,167 @@ fn transmitted_frames_out_of_bounds_are_dropped_and_counted() {
     assert!(!h.broken());
 }
 
+/// A virtio-net header asking for the checksum at `start + offset` to be completed.
+fn csum_header(start: u16, offset: u16) -> [u8; NET_HDR_LEN] {
+    let mut h = [0u8; NET_HDR_LEN];
+    h[0] = frame::HDR_F_NEEDS_CSUM;
+    h[6..8].copy_from_slice(&start.to_le_bytes());
+    h[8..10].copy_from_slice(&offset.to_le_bytes());
+    h
+}
+
+/// `f` (a TCP or UDP frame with a complete checksum at `field`) as Linux hands it over with
+/// checksum offload: the field holds the pseudo-header sum, not inverted.
+fn partial(f: &[u8], field: usize) -> Vec<u8> {
+    let ip = &f[14..34];
+    let mut pseudo = ip[12..20].to_vec();
+    pseudo.extend_from_slice(&[0, ip[9]]);
+    pseudo.extend_from_slice(&((f.len() - 34) as u16).to_be_bytes());
+    let mut p = f.to_vec();
+    p[field..field + 2].copy_from_slice(&(!checksum(&[&pseudo])).to_be_bytes());
+    p
+}
+
+#[test]
+fn needs_csum_frames_get_their_checksum_completed() {
+    let mut h = H::new();
+    let tcp = tcp_syn(GATEWAY_IP, 40000, 80, 7);
+    let mut udp = udp(std::net::Ipv4Addr::new(1, 1, 1, 1), 5000, 53, &[0x5a; 1001]);
+    let zero = partial(&udp, 34 + 6); // pseudo-header sum in the field, then the whole span
+    let c = checksum(&[&zero[34..]]);
+    udp[40..42].copy_from_slice(&c.to_be_bytes());
+    assert_ne!(c, 0);
+    assert_ne!(partial(&tcp, 34 + 16), tcp);
+    h.transmit_split(
+        &csum_header(34, 16),
+        &partial(&tcp, 34 + 16),
+        &[3, usize::MAX],
+    );
+    h.transmit_split(&csum_header(34, 6), &partial(&udp, 34 + 6), &[usize::MAX]);
+    // The largest frame the MTU allows, with its checksum in its very last bytes.
+    let mut big = frame(MAX_FRAME_LEN, 0x33);
+    big[MAX_FRAME_LEN - 2..].fill(0);
+    let mut big_done = big.clone();
+    let c = checksum(&[&big[34..]]);
+    big_done[MAX_FRAME_LEN - 2..].copy_from_slice(&c.to_be_bytes());
+    h.transmit_split(
+        &csum_header(34, (MAX_FRAME_LEN - 36) as u16),
+        &big,
+        &[NET_HDR_LEN, 4000, usize::MAX],
+    );
+    let batch = h.dev().drain_tx(TX_BATCH_FOR_TESTS);
+    assert_eq!(batch.frames, vec![tcp, udp, big_done.clone()]);
+    assert_eq!(checksum(&[&big_done[34..]]), 0, "a valid checksum");
+    assert_eq!(h.dev().stats().tx_dropped, 0);
+}
+
+#[test]
+fn needs_csum_offsets_outside_the_frame_are_dropped_and_counted() {
+    let mut h = H::new();
+    let f = tcp_syn(GATEWAY_IP, 40000, 80, 7); // 54 bytes
+    for (start, offset) in [
+        (54, 0),  // start at the end
+        (34, 19), // field straddles the end
+        (52, 1),  // idem
+        (u16::MAX, u16::MAX),
+        (0, u16::MAX),
+    ] {
+        h.transmit_split(&csum_header(start, offset), &f, &[usize::MAX]);
+    }
+    // The field in the last two bytes is fine.
+    h.transmit_split(&csum_header(34, 18), &f, &[usize::MAX]);
+    let batch = h.dev().drain_tx(TX_BATCH_FOR_TESTS);
+    assert_eq!(batch.frames.len(), 1);
+    assert_eq!(batch.frames[0][..52], f[..52]);
+    assert_eq!(h.dev().stats().tx_dropped, 5);
+    assert_eq!(h.tx.take_used(&h.mem).len(), 6, "every chain is returned");
+    assert!(!h.broken());
+}
+
+#[test]
+fn without_checksum_features_headers_are_plain() {
+    let acked = offered_features() & !(1 << features::CSUM) & !(1 << features::GUEST_CSUM);
+    let mut h = H::with_features(acked);
+    let f = tcp_syn(GATEWAY_IP, 40000, 80, 7);
+    // NEEDS_CSUM was not negotiated: the flag and its offsets mean nothing.
+    h.transmit_split(&csum_header(u16::MAX, u16::MAX), &f, &[usize::MAX]);
+    let batch = h.dev().drain_tx(TX_BATCH_FOR_TESTS);
+    assert_eq!(batch.frames, vec![f.clone()]);
+    // Received frames carry no DATA_VALID (`received` checks the header).
+    h.post_rx(1526);
+    assert!(h.dev().fill_rx(|| Some(f.clone())));
+    let head = *h.rx_bufs.keys().next().unwrap();
+    let flags: u8 = h.mem.read_obj(GuestAddress(h.rx_bufs[&head].0)).unwrap();
+    assert_eq!(flags, 0);
+    assert_eq!(h.received(), vec![f]);
+}
+
+impl Ring {
+    /// The driver's `used_event` (EVENT_IDX): interrupt once the used index passes it.
+    fn set_used_event(&self, mem: &GuestMem, v: u16) {
+        let a = self.avail() + 4 + 2 * u64::from(self.size);
+        mem.write_obj(v, GuestAddress(a)).unwrap();
+    }
+
+    /// The device's `avail_event` (EVENT_IDX): the driver notifies once it adds that entry.
+    fn avail_event(&self, mem: &GuestMem) -> u16 {
+        let a = self.used() + 4 + 8 * u64::from(self.size);
+        mem.read_obj(GuestAddress(a)).unwrap()
+    }
+}
+
+#[test]
+fn event_idx_suppresses_interrupts_and_notifications() {
+    let mut h = H::new(); // EVENT_IDX acked
+    h.tx.set_used_event(&h.mem, 5); // the driver wants an interrupt after the 6th used
+    for i in 0..2 {
+        h.transmit(&frame(60, i));
+    }
+    assert_eq!(h.dev().drain_tx(TX_BATCH_FOR_TESTS).frames.len(), 2);
+    assert!(
+        h.irq.eventfd().read().is_err(),
+        "interrupt suppressed by used_event"
+    );
+    assert_eq!(h.tx.avail_event(&h.mem), 2, "notify at the next chain");
+    for i in 0..4 {
+        h.transmit(&frame(60, i));
+    }
+    assert_eq!(h.dev().drain_tx(TX_BATCH_FOR_TESTS).frames.len(), 4);
+    assert_eq!(
+        h.irq.eventfd().read().unwrap(),
+        1,
+        "used index passed used_event"
+    );
+    assert_eq!(h.tx.avail_event(&h.mem), 6);
+
+    // Receive: no notification is asked for while buffers are left, one once they run out.
+    h.rx.set_used_event(&h.mem, 0);
+    for _ in 0..2 {
+        h.post_rx(1526);
+    }
+    let mut one = Some(frame(60, 9));
+    assert!(h.dev().fill_rx(|| one.take()));
+    assert_eq!(
+        h.rx.avail_event(&h.mem),
+        0,
+        "a buffer is left: no notification wanted"
+    );
+    assert_eq!(h.irq.eventfd().read().unwrap(), 1);
+    let mut one = Some(frame(60, 9));
+    assert!(h.dev().fill_rx(|| one.take()));
+    assert_eq!(
+        h.rx.avail_event(&h.mem),
+        2,
+        "out of buffers: notify at the next one"
+    );
+    assert!(
+        h.irq.eventfd().read().is_err(),
+        "used_event 0 was passed already: no second interrupt"
+    );
+    assert_eq!(h.received().len(), 2);
+    assert!(!h.broken());
+}
+
 #[test]
 fn transmit_batches_are_bounded() {
     let mut h = H::new();
@@ -357,15 +526,20 @@ fn received_frames_get_a_header_and_respect_buffers() {
     h.mem
         .read_slice(&mut got, GuestAddress(h.rx_bufs[&b1].0))
         .unwrap();
-    assert_eq!(got[..12], rx_header());
+    assert_eq!(got[..12], rx_header(true));
+    assert_eq!(
+        got[0],
+        frame::HDR_F_DATA_VALID,
+        "GUEST_CSUM acked: DATA_VALID"
+    );
     assert_eq!(u16::from_le_bytes([got[10], got[11]]), 1, "num_buffers");
     assert_eq!(got[12..], frames[0]);
     let mut hdr = [0u8; 10];
     h.mem.read_slice(&mut hdr, GuestAddress(a)).unwrap();
-    assert_eq!(hdr, rx_header()[..10]);
+    assert_eq!(hdr, rx_header(true)[..10]);
     let mut rest = vec![0u8; 102];
     h.mem.read_slice(&mut rest, GuestAddress(a + 2048)).unwrap();
-    assert_eq!(rest[..2], rx_header()[10..]);
+    assert_eq!(rest[..2], rx_header(true)[10..]);
     assert_eq!(rest[2..], frames[1]);
     // The byte after the first frame is untouched.
     let after: u8 = h
@@ -655,7 +829,7 @@ fn snapshot_round_trip_keeps_rings_and_counters() {
     assert!(matches!(e, PersistError::Mismatch { .. }), "{e}");
     assert!(e.to_string().contains("52:54:00:12:34:56"), "{e}");
     let mut bad = state.clone();
-    bad.acked_features |= 1 << 0; // CSUM
+    bad.acked_features |= 1 << 7; // GUEST_TSO4
     assert!(matches!(
         restore(&bad, DEFAULT_GUEST_MAC),
         Err(PersistError::Invalid { .. })
@@ -882,10 +1056,15 @@ impl NatH {
     /// buffers posted) or 5 s passed, answering the NAT's ARP requests for the guest as a
     /// guest would.
     fn exchange(&mut self, frame: &[u8], want: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+        self.exchange_with(&[0; NET_HDR_LEN], frame, want)
+    }
+
+    /// [`NatH::exchange`] with `frame` sent behind the virtio-net header `hdr`.
+    fn exchange_with(&mut self, hdr: &[u8], frame: &[u8], want: impl Fn(&[u8]) -> bool) -> Vec<u8> {
         for _ in 0..4 {
             self.h.post_rx(1526);
         }
-        self.h.transmit(frame);
+        self.h.transmit_split(hdr, frame, &[usize::MAX]);
         let end = Instant::now() + Duration::from_secs(5);
         let mut seen = Vec::new();
         while Instant::now() < end {
@@ -969,6 +1148,20 @@ fn tcp_to_a_gateway_port_not_allowed_is_reset_and_counted() {
         d.iter().any(|d| d.port == port && d.count >= 1),
         "denial not counted: {d:?}"
     );
+}
+
+#[test]
+fn a_partial_checksum_reaches_the_nat_completed() {
+    let mut n = NatH::new();
+    n.exchange(&arp_request(GATEWAY_IP), |f| ethertype(f) == 0x0806);
+    // As Linux sends with checksum offload: the NAT verifies the completed checksum and
+    // answers (a partial one would be dropped as a bad checksum, unanswered).
+    let syn = partial(&tcp_syn(GATEWAY_IP, 40001, 9, 5), 34 + 16);
+    let reply = n.exchange_with(&csum_header(34, 16), &syn, |f| {
+        f.len() >= 54 && ethertype(f) == 0x0800 && f[23] == 6
+    });
+    assert_eq!(reply[14 + 20 + 13] & TCP_RST, TCP_RST);
+    assert_eq!(n.t.nat().stats().dropped_bad_checksum, 0);
 }
 
 #[test]
