@@ -34,6 +34,8 @@ pub enum Command {
     /// Run a spec (`--dry-run` prints the plan without running anything).
     #[command(after_help = apply_after_help())]
     Apply(ApplyArgs),
+    /// Stage every agent box's skills kit (secrets redacted) and report it per skill.
+    Skills(crate::kit::cli::SkillsArgs),
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
@@ -154,6 +156,10 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Apply(args) => apply_cmd(&args),
+        Command::Skills(args) => match load_plan(&args.file, 1) {
+            Ok(plan) => crate::kit::cli::skills_cmd(&plan, &args),
+            Err(code) => code,
+        },
         Command::Image(cmd) => crate::image::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),

@@ -18,6 +18,7 @@
 //! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
 //! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
 //! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
+//! | [`kit`] | skills kits: skills staged on the host with secrets redacted, and `voidbox skills` |
 //! | [`oci`] | OCI images: pulls for `sandbox.image`, `voidbox pull` and `voidbox oci` |
 //! | [`network`] | guest networking: policy checks, DNS upstreams, `voidbox run` flags, NAT config |
 //! | [`suggest`] | "did you mean" suggestions |
@@ -28,6 +29,7 @@ pub mod apply;
 pub mod cli;
 pub mod diagnostic;
 pub mod image;
+pub mod kit;
 pub mod limits;
 pub mod names;
 pub mod network;

@@ -1,7 +1,7 @@
 //! Agent boxes: which LLM runtimes can run here, the skills copied into the guest, the exec
 //! request for the runtime, and the parser of its claude-code-style stream-json output.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 use voidbox_protocol::ExecRequest;
@@ -9,11 +9,11 @@ use voidbox_protocol::ExecRequest;
 use super::scheduler::AgentStats;
 use crate::plan::{Action, AgentAction, Plan};
 use crate::spec::model::{Provider, SkillEntry};
-use crate::validate::skills::{parse_skill, SkillRef};
 
 /// The mock runtime's path in the guest image.
 pub const MOCK_RUNTIME: &str = "/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
-/// Where skills go in the guest (`<dir>/<name>/SKILL.md`, design §3).
+/// Where skills go in the guest (`<dir>/<name>/SKILL.md`, design §3): the kit's `skills/`
+/// under [`crate::kit::GUEST_KIT_ROOT`].
 pub const GUEST_SKILLS_DIR: &str = "/home/sandbox/.claude/skills";
 /// Default guest file the runtime writes its result to.
 pub const DEFAULT_OUTPUT_FILE: &str = "/workspace/output.json";
@@ -22,9 +22,6 @@ pub const DEFAULT_OUTPUT_FILE: &str = "/workspace/output.json";
 const MAX_LINE: usize = 1 << 20;
 /// Tool calls kept in the report.
 const MAX_TOOL_CALLS: usize = 256;
-/// Bounds on what a `file:` skill may copy into the guest.
-const MAX_SKILL_FILES: usize = 256;
-const MAX_SKILL_BYTES: u64 = 8 << 20;
 
 /// Plan-time check: every agent node's provider can run on this installation. Only `mock`
 /// ships in the guest image; others are refused, never substituted.
@@ -56,99 +53,27 @@ pub struct GuestFile {
     pub path: String,
     /// Contents.
     pub data: Vec<u8>,
+    /// File mode (kit files are read-only).
+    pub mode: u32,
 }
 
-/// The skill files of an agent, resolved against `spec_dir`.
-pub fn skill_files(spec_dir: &Path, skills: &[SkillEntry]) -> Result<Vec<GuestFile>, String> {
-    let mut out = Vec::new();
-    let mut total = 0u64;
-    for s in skills {
-        match s {
-            SkillEntry::Inline(i) => out.push(GuestFile {
-                path: format!("{GUEST_SKILLS_DIR}/{}/SKILL.md", safe_name(&i.name)),
-                data: i.content.clone().into_bytes(),
-            }),
-            SkillEntry::Simple(text) => match parse_skill(text) {
-                Ok(SkillRef::File(rel)) => {
-                    file_skill(&spec_dir.join(rel), &mut out, &mut total)?;
-                }
-                Ok(SkillRef::Agent(_) | SkillRef::Cli(_)) => {}
-                Ok(SkillRef::Remote(_) | SkillRef::Mcp(_)) | Err(_) => {
-                    return Err(format!("skill `{text}` is not supported by `apply` yet (only `file:` and inline skills)"))
-                }
-            },
-            // Attached as its own disk and mounted by the guest agent at boot
-            // (`super::images`).
-            SkillEntry::Oci(_) => {}
-            SkillEntry::Mcp(_) => {
-                return Err("MCP skills are not supported by `apply` yet".into())
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn safe_name(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
+/// The skill files of an agent: its kit ([`crate::kit`]) staged from `skills` (resolved
+/// against `spec_dir`, `secrets` redacted), laid out under [`GUEST_SKILLS_DIR`].
+pub fn skill_files(
+    spec_dir: &Path,
+    skills: &[SkillEntry],
+    secrets: &crate::kit::Secrets,
+) -> Result<Vec<GuestFile>, String> {
+    let kit = crate::kit::build(spec_dir, skills, secrets).map_err(|e| e.to_string())?;
+    Ok(kit
+        .files
+        .iter()
+        .map(|f| GuestFile {
+            path: f.guest_path(),
+            data: f.data.clone(),
+            mode: f.guest_mode(),
         })
-        .collect()
-}
-
-fn file_skill(path: &Path, out: &mut Vec<GuestFile>, total: &mut u64) -> Result<(), String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("skill {}: {e}", path.display()))?;
-    let stem = |p: &Path| {
-        p.file_stem()
-            .map(|s| safe_name(&s.to_string_lossy()))
-            .unwrap_or_default()
-    };
-    let mut add = |guest: String, host: &Path| -> Result<(), String> {
-        let data = std::fs::read(host).map_err(|e| format!("skill {}: {e}", host.display()))?;
-        *total += data.len() as u64;
-        if out.len() >= MAX_SKILL_FILES || *total > MAX_SKILL_BYTES {
-            return Err(format!(
-                "skill {} is too large to copy into the guest",
-                path.display()
-            ));
-        }
-        out.push(GuestFile { path: guest, data });
-        Ok(())
-    };
-    if meta.is_dir() {
-        let name = path
-            .file_name()
-            .map(|s| safe_name(&s.to_string_lossy()))
-            .unwrap_or_default();
-        let mut files: Vec<PathBuf> = walkdir::WalkDir::new(path)
-            .sort_by_file_name()
-            .into_iter()
-            .flatten()
-            .filter(|e| e.file_type().is_file())
-            .map(|e| e.into_path())
-            .collect();
-        files.sort();
-        for f in files {
-            let Ok(rel) = f.strip_prefix(path) else {
-                continue;
-            };
-            let rel: Vec<String> = rel
-                .iter()
-                .map(|c| safe_name(&c.to_string_lossy()))
-                .collect();
-            add(format!("{GUEST_SKILLS_DIR}/{name}/{}", rel.join("/")), &f)?;
-        }
-    } else if path.file_name().is_some_and(|n| n == "SKILL.md") {
-        let name = path.parent().map(stem).unwrap_or_else(|| "skill".into());
-        add(format!("{GUEST_SKILLS_DIR}/{name}/SKILL.md"), path)?;
-    } else {
-        add(format!("{GUEST_SKILLS_DIR}/{}/SKILL.md", stem(path)), path)?;
-    }
-    Ok(())
+        .collect())
 }
 
 /// The program the guest starts for `agent` (its runtime; only the mock one exists yet).
@@ -464,8 +389,13 @@ mod tests {
             "---\nname: sum\n---\n",
         )
         .unwrap();
-        std::fs::write(d.path().join("skills/sum/refs/a.md"), "a").unwrap();
+        std::fs::write(
+            d.path().join("skills/sum/refs/a.md"),
+            "key=host-secret-value",
+        )
+        .unwrap();
         std::fs::write(d.path().join("plain.md"), "p").unwrap();
+        let secrets = crate::kit::Secrets::new(["host-secret-value".to_string()]);
         let files = skill_files(
             d.path(),
             &[
@@ -473,6 +403,7 @@ mod tests {
                 SkillEntry::Simple("file:plain.md".into()),
                 SkillEntry::Simple("agent:claude-code".into()),
             ],
+            &secrets,
         )
         .unwrap();
         let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
@@ -484,7 +415,16 @@ mod tests {
                 "/home/sandbox/.claude/skills/plain/SKILL.md",
             ]
         );
-        assert!(skill_files(d.path(), &[SkillEntry::Simple("remote:a/b".into())]).is_err());
+        // What reaches the guest is the staged kit: redacted, plain skills with frontmatter,
+        // read-only.
+        assert_eq!(files[1].data, b"key=[REDACTED]");
+        assert_eq!(
+            files[2].data,
+            b"---\nname: \"plain\"\ndescription: \"p\"\n---\n\np"
+        );
+        assert!(files.iter().all(|f| f.mode == 0o444));
+        let none = crate::kit::Secrets::default();
+        assert!(skill_files(d.path(), &[SkillEntry::Simple("remote:a/b".into())], &none).is_err());
     }
 }
 

@@ -187,7 +187,8 @@ impl VmExecutor {
                 ))
             }
             Action::Agent(ag) => {
-                let skills = skill_files(&self.spec_dir, &ag.skills)?;
+                let secrets = crate::kit::Secrets::for_node(&job.node);
+                let skills = skill_files(&self.spec_dir, &ag.skills, &secrets)?;
                 let out = ag
                     .output_file
                     .clone()
@@ -217,7 +218,7 @@ impl VmExecutor {
             }
         }
         for f in &skills {
-            if let Err(e) = sb.write_file(&f.path, &f.data, Some(0o644)) {
+            if let Err(e) = sb.write_file(&f.path, &f.data, Some(f.mode)) {
                 return stopped_or(ctl, sandbox_failure(e));
             }
         }

@@ -24,13 +24,22 @@
 //!                                    "connections_per_second": int },
 //!                                  "denials": [ { "destination": str, "port": int,
 //!                                                 "protocol": "tcp"|"udp"|"icmp"|"dns",
-//!                                                 "reason": str, "count": int } ] } } ],
+//!                                                 "reason": str, "count": int } ] },
+//!                "kit": null|{ "skills": [ { "name": str, "files": int, "bytes": int,
+//!                                            "redactions": int, "binary_files": int } ],
+//!                              "error": str (only when the kit cannot be staged) } } ],
 //!   "timeout": null|{ "limit": "pipeline timeout_secs", "secs": int } }
 //! ```
 //!
 //! `network` is `null` for a node without a network device; else its effective policy and
 //! what the NAT of its last attempt's VM denied (cumulative counts per destination, port,
 //! protocol and reason; `destination` is the queried name for `dns`).
+//!
+//! `kit` is `null` for a node that is not an agent; else its skills kit ([`crate::kit`]):
+//! per skill the files staged into the guest, their bytes after redaction, the secrets
+//! redacted and the binary files copied untouched. It is staged again from the spec for the
+//! report (the same inputs give the same kit); when that fails, `skills` is empty and
+//! `error` says why.
 //!
 //! `timeout` names the limit that fired and its value: on a `timed_out` node its own
 //! (`"node timeout_secs"` or `"default node timeout"`), on the run and on the nodes it
@@ -117,6 +126,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
                 "network": network(&plan.graph[idx], a),
+                "kit": kit(plan, &plan.graph[idx]),
             })
         })
         .collect();
@@ -148,6 +158,15 @@ fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
             "policy": policy,
             "denials": a.map_or(json!([]), |a| json!(a.net_denials)),
         }),
+    }
+}
+
+/// A node's `kit` entry: its skills kit summary; `null` for a node that is not an agent.
+fn kit(plan: &Plan, node: &PlanNode) -> Value {
+    match crate::kit::for_node(&plan.spec_dir, node) {
+        None => Value::Null,
+        Some(Ok(k)) => json!({ "skills": k.summary() }),
+        Some(Err(e)) => json!({ "skills": [], "error": e.to_string() }),
     }
 }
 
@@ -460,6 +479,38 @@ mod timeout_tests {
         assert!(
             x.contains("<skipped message=\"cancelled: pipeline timeout_secs=60 s fired\"/>"),
             "{x}"
+        );
+    }
+
+    #[test]
+    fn agent_nodes_report_their_kit_and_other_nodes_none() {
+        let p = plan("kind: pipeline\nname: p\nllm: {provider: mock}\npipeline:\n  boxes:\n    - name: a\n      prompt: hi\n      skills: [{name: s, content: \"token xoxb-123456789012-abc\"}]\n    - {name: c, run: {program: echo}}\n    - {name: bad, prompt: hi, skills: [\"remote:o/r/s\"]}\n");
+        let r = RunResult {
+            nodes: vec![
+                record(Status::Succeeded, ""),
+                record(Status::Succeeded, ""),
+                record(Status::Failed, "x"),
+            ],
+            output: None,
+            abort: None,
+            duration: Duration::from_secs(1),
+        };
+        let doc = json_report(&p, &r, 1);
+        assert_eq!(
+            doc["nodes"][0]["kit"],
+            json!({"skills": [{"name": "s", "files": 1, "bytes": doc["nodes"][0]["kit"]["skills"][0]["bytes"], "redactions": 1, "binary_files": 0}]})
+        );
+        assert!(
+            doc["nodes"][0]["kit"]["skills"][0]["bytes"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+        assert_eq!(doc["nodes"][1]["kit"], Value::Null);
+        let e = doc["nodes"][2]["kit"]["error"].as_str().unwrap();
+        assert!(
+            e.starts_with("skill `remote:o/r/s`: `remote:` skills cannot be fetched yet"),
+            "{e}"
         );
     }
 }
