@@ -58,14 +58,15 @@ pub struct GuestFile {
 }
 
 /// The skill files of an agent: its kit ([`crate::kit`]) staged from `skills` (resolved
-/// against `spec_dir`, `secrets` redacted), laid out under [`GUEST_SKILLS_DIR`].
+/// against `spec_dir`, `secrets` redacted), laid out under [`GUEST_SKILLS_DIR`], with the
+/// kit's per-skill summary for the report.
 pub fn skill_files(
     spec_dir: &Path,
     skills: &[SkillEntry],
     secrets: &crate::kit::Secrets,
-) -> Result<Vec<GuestFile>, String> {
+) -> Result<(Vec<GuestFile>, Vec<crate::kit::SkillSummary>), String> {
     let kit = crate::kit::build(spec_dir, skills, secrets).map_err(|e| e.to_string())?;
-    Ok(kit
+    let files = kit
         .files
         .iter()
         .map(|f| GuestFile {
@@ -73,7 +74,8 @@ pub fn skill_files(
             data: f.data.clone(),
             mode: f.guest_mode(),
         })
-        .collect())
+        .collect();
+    Ok((files, kit.summary()))
 }
 
 /// The program the guest starts for `agent` (its runtime; only the mock one exists yet).
@@ -396,7 +398,7 @@ mod tests {
         .unwrap();
         std::fs::write(d.path().join("plain.md"), "p").unwrap();
         let secrets = crate::kit::Secrets::new(["host-secret-value".to_string()]);
-        let files = skill_files(
+        let (files, summary) = skill_files(
             d.path(),
             &[
                 SkillEntry::Simple("file:skills/sum".into()),
@@ -423,6 +425,11 @@ mod tests {
             b"---\nname: \"plain\"\ndescription: \"p\"\n---\n\np"
         );
         assert!(files.iter().all(|f| f.mode == 0o444));
+        let names: Vec<(&str, u64, u64)> = summary
+            .iter()
+            .map(|k| (k.name.as_str(), k.files, k.redactions))
+            .collect();
+        assert_eq!(names, [("sum", 2, 1), ("plain", 1, 0)]);
         let none = crate::kit::Secrets::default();
         assert!(skill_files(d.path(), &[SkillEntry::Simple("remote:a/b".into())], &none).is_err());
     }

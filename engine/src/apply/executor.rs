@@ -111,7 +111,8 @@ impl VmExecutor {
             return Attempt::failed(Status::Cancelled, "cancelled before start");
         }
         // Everything that can fail on the host is checked before a VM boots.
-        let (req, skills, output_file, agent) = match self.request(job) {
+        let mut kit = None;
+        let (req, skills, output_file, agent) = match self.request(job, &mut kit) {
             Ok(x) => x,
             Err(e) => return Attempt::failed(Status::Failed, e),
         };
@@ -136,15 +137,19 @@ impl VmExecutor {
         ctl.clear_pid();
         // Killed first, so the NAT's last denial counts are in.
         a.net_denials = sb.kill().net_denials;
+        a.kit = kit;
         a.boot = Some(boot);
         a.restored = Some(restored);
         a
     }
 
     #[allow(clippy::type_complexity)]
+    /// The exec request, the skill files, the output file and whether it is an agent;
+    /// `kit_summary` gets an agent's kit summary once staged.
     fn request(
         &self,
         job: &Job,
+        kit_summary: &mut Option<Vec<crate::kit::SkillSummary>>,
     ) -> Result<
         (
             ExecRequest,
@@ -188,7 +193,8 @@ impl VmExecutor {
             }
             Action::Agent(ag) => {
                 let secrets = crate::kit::Secrets::for_node(&job.node);
-                let skills = skill_files(&self.spec_dir, &ag.skills, &secrets)?;
+                let (skills, kit) = skill_files(&self.spec_dir, &ag.skills, &secrets)?;
+                *kit_summary = Some(kit);
                 let out = ag
                     .output_file
                     .clone()

@@ -37,9 +37,10 @@
 //!
 //! `kit` is `null` for a node that is not an agent; else its skills kit ([`crate::kit`]):
 //! per skill the files staged into the guest, their bytes after redaction, the secrets
-//! redacted and the binary files copied untouched. It is staged again from the spec for the
-//! report (the same inputs give the same kit); when that fails, `skills` is empty and
-//! `error` says why.
+//! redacted and the binary files copied untouched — as recorded by the last attempt that
+//! staged it into a VM; a node that never got that far (skipped, cancelled, or the kit
+//! failed) shows the kit staged from the spec, or, when that fails, empty `skills` and
+//! `error` saying why.
 //!
 //! `timeout` names the limit that fired and its value: on a `timed_out` node its own
 //! (`"node timeout_secs"` or `"default node timeout"`), on the run and on the nodes it
@@ -126,7 +127,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
                 "network": network(&plan.graph[idx], a),
-                "kit": kit(plan, &plan.graph[idx]),
+                "kit": kit(plan, &plan.graph[idx], a),
             })
         })
         .collect();
@@ -161,8 +162,13 @@ fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
     }
 }
 
-/// A node's `kit` entry: its skills kit summary; `null` for a node that is not an agent.
-fn kit(plan: &Plan, node: &PlanNode) -> Value {
+/// A node's `kit` entry: the skills kit its last attempt staged into its VM; for an agent
+/// node that never got that far, the kit staged from the spec (or why it cannot be); `null`
+/// for a node that is not an agent.
+fn kit(plan: &Plan, node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
+    if let Some(k) = a.and_then(|a| a.kit.as_ref()) {
+        return json!({ "skills": k });
+    }
     match crate::kit::for_node(&plan.spec_dir, node) {
         None => Value::Null,
         Some(Ok(k)) => json!({ "skills": k.summary() }),
@@ -507,6 +513,22 @@ mod timeout_tests {
                 > 0
         );
         assert_eq!(doc["nodes"][1]["kit"], Value::Null);
+        // What an attempt staged into its VM wins over staging the spec again.
+        let mut staged = r.clone();
+        if let Some(a) = staged.nodes[0].last.as_mut() {
+            a.kit = Some(vec![crate::kit::SkillSummary {
+                name: "as-staged".into(),
+                files: 3,
+                bytes: 7,
+                redactions: 2,
+                binary_files: 0,
+            }]);
+        }
+        let doc2 = json_report(&p, &staged, 1);
+        assert_eq!(
+            doc2["nodes"][0]["kit"],
+            json!({"skills": [{"name": "as-staged", "files": 3, "bytes": 7, "redactions": 2, "binary_files": 0}]})
+        );
         let e = doc["nodes"][2]["kit"]["error"].as_str().unwrap();
         assert!(
             e.starts_with("skill `remote:o/r/s`: `remote:` skills cannot be fetched yet"),

@@ -112,6 +112,9 @@ pub struct Attempt {
     pub artifacts: Vec<super::artifacts::ArtifactStats>,
     /// What the VM's NAT denied (final counts; empty without a network device).
     pub net_denials: Vec<voidbox_net::Denial>,
+    /// An agent's skills kit as staged into this attempt's VM (per skill: files, bytes,
+    /// redactions); `None` when no kit was staged.
+    pub kit: Option<Vec<crate::kit::SkillSummary>>,
 }
 
 impl Attempt {
@@ -132,6 +135,7 @@ impl Attempt {
             environment: false,
             artifacts: Vec::new(),
             net_denials: Vec::new(),
+            kit: None,
         }
     }
 
