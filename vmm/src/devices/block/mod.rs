@@ -43,7 +43,7 @@ use self::disk::Disk;
 use self::request::{parse, status, Refusal, Request, RequestType, ID_BYTES, SEG_MAX, SIZE_MAX};
 use super::virtio::queue::{collect_chain_bounded, pop_chain};
 use super::virtio::{
-    ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
+    announce_broken, ActivateError, Interrupt, VirtioDevice, INT_VRING, VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -57,7 +57,7 @@ pub const MAX_CHAIN_DESCS: usize = SEG_MAX as usize + 2;
 /// Block size offered (`blk_size`).
 pub const BLOCK_SIZE: u32 = 512;
 /// Longest "broken" reason kept.
-pub const MAX_REASON_LEN: usize = 1024;
+pub use super::virtio::MAX_BROKEN_REASON_LEN as MAX_REASON_LEN;
 
 /// Feature bits (`VIRTIO_BLK_F_*`).
 pub mod features {
@@ -238,23 +238,12 @@ impl Block {
         if self.broken.is_some() {
             return;
         }
-        let name = disk_name(self.index);
-        log::error!("block device {name} broken: {why}");
-        let mut why = why;
-        if why.len() > MAX_REASON_LEN {
-            let mut cut = MAX_REASON_LEN;
-            while !why.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            why.truncate(cut);
-        }
-        self.broken = Some(why.clone());
-        if let Err(e) = self.irq.signal(INT_CONFIG) {
-            log::warn!("block {name}: cannot raise interrupt: {e}");
-        }
-        if let Some(ev) = &self.events {
-            let _ = ev.send(VmEvent::DeviceBroken(format!("block {name}"), why));
-        }
+        self.broken = Some(announce_broken(
+            &format!("block {}", disk_name(self.index)),
+            why,
+            &self.irq,
+            self.events.as_ref(),
+        ));
     }
 
     /// Answers every available request; returns true when used buffers were added (the

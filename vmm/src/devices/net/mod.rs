@@ -52,7 +52,7 @@ use vmm_sys_util::eventfd::EventFd;
 use self::frame::{read_tx_frame, rx_capacity, rx_header, write_rx_frame, NET_HDR_LEN};
 use super::virtio::queue::{collect_chain_bounded, pop_chain, ChainError, Desc};
 use super::virtio::{
-    ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
+    announce_broken, ActivateError, Interrupt, VirtioDevice, INT_VRING, VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -79,7 +79,7 @@ pub const ETH_HLEN: usize = 14;
 /// features or the config space change.
 pub const SNAPSHOT_KEY: &str = "virtio-net mtu=65520 csum guest_csum event_idx";
 /// Longest "broken" reason kept.
-pub const MAX_REASON_LEN: usize = 1024;
+pub use super::virtio::MAX_BROKEN_REASON_LEN as MAX_REASON_LEN;
 
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE; 2];
 
@@ -254,22 +254,7 @@ impl NetBackend {
         if self.broken.is_some() {
             return;
         }
-        log::error!("net device broken: {why}");
-        let mut why = why;
-        if why.len() > MAX_REASON_LEN {
-            let mut cut = MAX_REASON_LEN;
-            while !why.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            why.truncate(cut);
-        }
-        self.broken = Some(why.clone());
-        if let Err(e) = self.irq.signal(INT_CONFIG) {
-            log::warn!("net: cannot raise interrupt: {e}");
-        }
-        if let Some(ev) = &self.events {
-            let _ = ev.send(VmEvent::DeviceBroken("net".into(), why));
-        }
+        self.broken = Some(announce_broken("net", why, &self.irq, self.events.as_ref()));
     }
 
     /// Pops and walks the next chain of queue `which`; `Ok(None)` when none is available.

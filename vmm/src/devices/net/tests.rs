@@ -22,6 +22,7 @@ use super::*;
 use crate::bus::BusDevice;
 use crate::devices::virtio::mmio::{reg, MmioTransport};
 use crate::devices::virtio::status as dev_status;
+use crate::devices::virtio::INT_CONFIG;
 use crate::memory::create_guest_memory;
 use crate::persist::PersistError;
 use crate::status::StatusWriter;

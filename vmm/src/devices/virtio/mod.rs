@@ -6,10 +6,12 @@ pub mod queue;
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::Sender;
 
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::exit::VmEvent;
 use crate::memory::GuestMem;
 
 /// Feature bit: virtio 1.x ("modern") device.
@@ -122,4 +124,33 @@ pub trait VirtioDevice: Send {
     fn reset(&mut self);
     /// True once the device was marked broken (DEVICE_NEEDS_RESET).
     fn is_broken(&self) -> bool;
+}
+
+/// Longest reason a broken device keeps (and its restored snapshot state may carry).
+pub const MAX_BROKEN_REASON_LEN: usize = 1024;
+
+/// What a device does when it breaks: cuts `why` to [`MAX_BROKEN_REASON_LEN`] bytes (on a
+/// character boundary), logs it, raises the configuration-change interrupt (the driver then
+/// reads DEVICE_NEEDS_RESET) and reports it to the VM loop. Returns the reason to keep.
+pub fn announce_broken(
+    device: &str,
+    mut why: String,
+    irq: &Interrupt,
+    events: Option<&Sender<VmEvent>>,
+) -> String {
+    log::error!("{device} device broken: {why}");
+    if why.len() > MAX_BROKEN_REASON_LEN {
+        let mut cut = MAX_BROKEN_REASON_LEN;
+        while !why.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        why.truncate(cut);
+    }
+    if let Err(e) = irq.signal(INT_CONFIG) {
+        log::warn!("{device}: cannot raise interrupt: {e}");
+    }
+    if let Some(ev) = events {
+        let _ = ev.send(VmEvent::DeviceBroken(device.to_string(), why.clone()));
+    }
+    why
 }
