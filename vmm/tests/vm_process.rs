@@ -535,6 +535,29 @@ impl Vmm {
         self.events.lock().unwrap().clone()
     }
 
+    /// Waits (up to 240 s) until the console log `console` contains `marker`, then snapshots
+    /// into `dir` and asserts the snapshot was saved.
+    fn snapshot_after(&mut self, console: &Path, marker: &str, dir: &Path) {
+        let end = std::time::Instant::now() + Duration::from_secs(240);
+        while !std::fs::read_to_string(console)
+            .unwrap_or_default()
+            .contains(marker)
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "no {marker:?}: {}",
+                std::fs::read_to_string(console).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.send(&json!({"snapshot": {"dir": dir}}).to_string());
+        let saved = self.wait_event(
+            &["snapshot_saved", "snapshot_failed", "exited"],
+            Duration::from_secs(120),
+        );
+        assert_eq!(saved["event"], "snapshot_saved", "{:?}", self.events());
+    }
+
     fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -1217,24 +1240,7 @@ $B reboot -f"#;
     );
     let mut vmm = Vmm::spawn(&a);
     let a_log = g.path("a.log");
-    let end = std::time::Instant::now() + Duration::from_secs(240);
-    while !std::fs::read_to_string(&a_log)
-        .unwrap_or_default()
-        .contains("TICK 2 ")
-    {
-        assert!(
-            std::time::Instant::now() < end,
-            "no TICK 2: {}",
-            std::fs::read_to_string(&a_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    vmm.send(&json!({"snapshot": {"dir": snap}}).to_string());
-    let saved = vmm.wait_event(
-        &["snapshot_saved", "snapshot_failed", "exited"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(saved["event"], "snapshot_saved", "{:?}", vmm.events());
+    vmm.snapshot_after(&a_log, "TICK 2 ", &snap);
     vmm.kill();
     let a_console = std::fs::read_to_string(&a_log).unwrap();
     let a_ticks = a_console.matches("TICK ").count();
@@ -1420,24 +1426,7 @@ $B reboot -f"#
     );
     let mut vmm = Vmm::spawn(&a);
     let a_log = g.path("a.log");
-    let end = std::time::Instant::now() + Duration::from_secs(240);
-    while !std::fs::read_to_string(&a_log)
-        .unwrap_or_default()
-        .contains("NET 2 ")
-    {
-        assert!(
-            std::time::Instant::now() < end,
-            "no NET 2: {}",
-            std::fs::read_to_string(&a_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    vmm.send(&json!({"snapshot": {"dir": snap}}).to_string());
-    let saved = vmm.wait_event(
-        &["snapshot_saved", "snapshot_failed", "exited"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(saved["event"], "snapshot_saved", "{:?}", vmm.events());
+    vmm.snapshot_after(&a_log, "NET 2 ", &snap);
     vmm.kill();
     let a_console = std::fs::read_to_string(&a_log).unwrap();
     assert!(a_console.contains("NET 1 one refused"), "{a_console}");
