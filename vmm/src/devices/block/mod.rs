@@ -43,7 +43,8 @@ use self::disk::Disk;
 use self::request::{parse, status, Refusal, Request, RequestType, ID_BYTES, SEG_MAX, SIZE_MAX};
 use super::virtio::queue::{collect_chain_bounded, pop_chain};
 use super::virtio::{
-    announce_broken, ActivateError, Interrupt, VirtioDevice, INT_VRING, VIRTIO_F_VERSION_1,
+    announce_broken, checked_queues, ActivateError, Interrupt, VirtioDevice, INT_VRING,
+    VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -207,16 +208,7 @@ impl Block {
         queues: Vec<Queue>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        let [q]: [Queue; 1] =
-            queues
-                .try_into()
-                .map_err(|v: Vec<Queue>| ActivateError::QueueCount {
-                    expected: 1,
-                    got: v.len(),
-                })?;
-        if !q.ready() || !q.is_valid(&mem) {
-            return Err(ActivateError::BadQueue(0));
-        }
+        let [q] = checked_queues::<1>(queues, &mem)?;
         self.mem = Some(mem);
         self.queue = Some(q);
         self.acked_features = acked_features;

@@ -52,7 +52,8 @@ use vmm_sys_util::eventfd::EventFd;
 use self::frame::{read_tx_frame, rx_capacity, rx_header, write_rx_frame, NET_HDR_LEN};
 use super::virtio::queue::{collect_chain_bounded, pop_chain, ChainError, Desc};
 use super::virtio::{
-    announce_broken, ActivateError, Interrupt, VirtioDevice, INT_VRING, VIRTIO_F_VERSION_1,
+    announce_broken, checked_queues, ActivateError, Interrupt, VirtioDevice, INT_VRING,
+    VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -219,18 +220,8 @@ impl NetBackend {
         queues: Vec<Queue>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        let [rx, tx]: [Queue; 2] =
-            queues
-                .try_into()
-                .map_err(|v: Vec<Queue>| ActivateError::QueueCount {
-                    expected: QUEUE_SIZES.len(),
-                    got: v.len(),
-                })?;
-        let (mut rx, mut tx) = (rx, tx);
-        for (i, q) in [&mut rx, &mut tx].into_iter().enumerate() {
-            if !q.ready() || !q.is_valid(&mem) {
-                return Err(ActivateError::BadQueue(i));
-            }
+        let [mut rx, mut tx] = checked_queues::<{ QUEUE_SIZES.len() }>(queues, &mem)?;
+        for q in [&mut rx, &mut tx] {
             q.set_event_idx(acked_features & (1 << features::RING_EVENT_IDX) != 0);
         }
         self.mem = Some(mem);

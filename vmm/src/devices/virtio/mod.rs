@@ -8,7 +8,7 @@ use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::Sender;
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::exit::VmEvent;
@@ -95,6 +95,27 @@ pub enum ActivateError {
         /// Got.
         got: usize,
     },
+}
+
+/// Checks the driver's queues at activation: exactly `N` of them, each ready with its rings
+/// inside guest memory.
+pub fn checked_queues<const N: usize>(
+    queues: Vec<Queue>,
+    mem: &GuestMem,
+) -> Result<[Queue; N], ActivateError> {
+    let queues: [Queue; N] =
+        queues
+            .try_into()
+            .map_err(|v: Vec<Queue>| ActivateError::QueueCount {
+                expected: N,
+                got: v.len(),
+            })?;
+    for (i, q) in queues.iter().enumerate() {
+        if !q.ready() || !q.is_valid(mem) {
+            return Err(ActivateError::BadQueue(i));
+        }
+    }
+    Ok(queues)
 }
 
 /// A virtio device behind a transport.

@@ -28,7 +28,8 @@ use self::packet::{
 };
 use super::virtio::queue::{collect_chain, pop_chain};
 use super::virtio::{
-    ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION_1,
+    checked_queues, ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING,
+    VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -134,19 +135,9 @@ impl VsockBackend {
 
     /// Takes the driver's queues (DRIVER_OK).
     pub fn activate(&mut self, mem: GuestMem, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        if queues.len() != QUEUE_SIZES.len() {
-            return Err(ActivateError::QueueCount {
-                expected: QUEUE_SIZES.len(),
-                got: queues.len(),
-            });
-        }
-        for (i, q) in queues.iter().enumerate() {
-            if !q.ready() || !q.is_valid(&mem) {
-                return Err(ActivateError::BadQueue(i));
-            }
-        }
+        let queues = checked_queues::<{ QUEUE_SIZES.len() }>(queues, &mem)?;
         self.mem = Some(mem);
-        self.queues = queues;
+        self.queues = queues.into();
         self.active = true;
         self.broken = None;
         Ok(())
