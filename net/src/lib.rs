@@ -434,6 +434,12 @@ impl Nat {
         self.denials.list()
     }
 
+    /// How many flows were denied so far (the sum of the counts in [`Nat::denials`]); cheap,
+    /// for noticing that the list changed without building it.
+    pub fn denial_total(&self) -> u64 {
+        self.stats.denials
+    }
+
     /// Counters (frames, bytes relayed, drops, flows, time spent in the NAT).
     pub fn stats(&self) -> NatStats {
         let mut s = self.stats.clone();

@@ -70,6 +70,7 @@ impl NetThread {
         let mut interest: Vec<(std::os::fd::RawFd, i16)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut report_due: Option<Instant> = None;
+        let mut offered_total = 0u64;
         // The first round runs at once: a restored guest may have posted buffers already.
         let mut more = true;
         while !self.stop.load(Ordering::Relaxed) {
@@ -116,7 +117,12 @@ impl NetThread {
             let now = Instant::now();
             more = self.round(now);
             if let Some(r) = &reporter {
-                report_due = r.offer(self.nat.denials(), now);
+                // The list is built only when it changed or a held-back line is due.
+                let total = self.nat.denial_total();
+                if total != offered_total || report_due.is_some_and(|t| now >= t) {
+                    offered_total = total;
+                    report_due = r.offer(self.nat.denials(), now);
+                }
             }
         }
     }
