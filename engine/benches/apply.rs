@@ -150,6 +150,7 @@ fn part2() {
         )
         .unwrap_or_else(|e| panic!("{e}")),
         dns_upstreams: Vec::new(),
+        endpoints: Default::default(),
     });
     let width = std::env::var("VOIDBOX_BENCH_WIDTH")
         .ok()

@@ -39,6 +39,9 @@ pub enum Command {
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
+    /// Manage the read-only runtimes disk (Claude Code, Codex) that agent VMs mount.
+    #[command(subcommand)]
+    Runtimes(crate::runtimes::cli::RuntimesCommand),
     /// Manage golden snapshots (VMs restore from them instead of cold-booting).
     #[command(subcommand)]
     Snapshot(crate::snapshot::cli::SnapshotCommand),
@@ -161,6 +164,7 @@ pub fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Image(cmd) => crate::image::run_cli(cmd),
+        Command::Runtimes(cmd) => crate::runtimes::cli::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),
         Command::Pull(args) => crate::oci::cli::pull_cmd(&args),

@@ -13,21 +13,27 @@
 //! | [`validate`] | `voidbox validate`: schema and semantic checks, located diagnostics |
 //! | [`diagnostic`] | the diagnostic type and its human / JSON / GitHub renderings |
 //! | [`plan`] | the compiled DAG and `voidbox graph` rendering |
+//! | [`agent_output`] | one report shape for Claude Code's and Codex's JSON output |
 //! | [`apply`] | `voidbox apply`: scheduler, data passing, fan-out merge, failures, reports |
 //! | [`run`] | `voidbox run`: one command in a fresh micro-VM |
 //! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
 //! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
 //! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
+//! | [`runtimes`] | the read-only runtimes disk: the real agent CLIs (Claude Code, Codex) from npm |
 //! | [`kit`] | skills kits: skills staged on the host with secrets redacted, and `voidbox skills` |
 //! | [`oci`] | OCI images: pulls for `sandbox.image`, `voidbox pull` and `voidbox oci` |
 //! | [`network`] | guest networking: policy checks, DNS upstreams, `voidbox run` flags, NAT config |
+//! | [`providers`] | what an `llm` block resolves to: runtime, upstream endpoint, host credential |
+//! | [`gateway`] | the per-VM credential gateway: the guest's token swapped for the real key |
 //! | [`suggest`] | "did you mean" suggestions |
 //! | [`limits`] | the one set of memory, vCPU and timeout limits every layer uses |
 //! | [`names`] | which names are refused, and how a name becomes a host file name |
 
+pub mod agent_output;
 pub mod apply;
 pub mod cli;
 pub mod diagnostic;
+pub mod gateway;
 pub mod image;
 pub mod kit;
 pub mod limits;
@@ -35,7 +41,9 @@ pub mod names;
 pub mod network;
 pub mod oci;
 pub mod plan;
+pub mod providers;
 pub mod run;
+pub mod runtimes;
 pub mod sandbox;
 pub mod snapshot;
 pub mod spec;

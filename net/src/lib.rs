@@ -25,19 +25,20 @@
 //! 1. destination [`GATEWAY_IP`]: allowed only for a port in [`Policy::allow_host_ports`]
 //!    (ICMP echo to it is answered by the NAT itself);
 //! 2. destination [`DNS_IP`]: only port 53 (UDP and TCP), answered by the DNS proxy;
-//! 3. anything else in 10.0.2.0/24: denied;
-//! 4. a [`Policy::deny`] match: denied;
-//! 5. a default-deny range not in [`Policy::allow`]: denied. IPv4: 0/8 and 240/4 and
+//! 3. [`Policy::public_egress`] off: denied ([`reasons::NO_EGRESS`]); only steps 1–2 remain;
+//! 4. anything else in 10.0.2.0/24: denied;
+//! 5. a [`Policy::deny`] match: denied;
+//! 6. a default-deny range not in [`Policy::allow`]: denied. IPv4: 0/8 and 240/4 and
 //!    255.255.255.255 (reserved), 127/8 (loopback), 10/8, 172.16/12, 192.168/16 (private),
 //!    169.254/16 (link-local, with the metadata address 169.254.169.254), 100.64/10 (CGNAT),
 //!    224/4 (multicast). IPv6 (DNS answers only): `::`, `::1`, fc00::/7, fe80::/10, ff00::/8,
 //!    IPv4-mapped `::ffff:0:0/96`;
-//! 6. [`Policy::allow_domains`] non-empty and the address was not returned by this NAT's
+//! 7. [`Policy::allow_domains`] non-empty and the address was not returned by this NAT's
 //!    resolver for an allowed name (directly or through a CNAME chain) during this VM's life:
 //!    denied (`allow` does not bypass this);
-//! 7. [`Policy::max_connections`] concurrent TCP connections + UDP flows + ICMP echo flows, or
+//! 8. [`Policy::max_connections`] concurrent TCP connections + UDP flows + ICMP echo flows, or
 //!    [`Policy::connections_per_second`] (token bucket, burst of the same) exceeded: denied;
-//! 8. otherwise allowed.
+//! 9. otherwise allowed.
 //!
 //! A denied TCP connection gets an immediate RST, a denied UDP datagram or ICMP echo an ICMP
 //! destination-unreachable (communication administratively prohibited) — never silence, except
@@ -49,7 +50,8 @@
 //! Queries to `DNS_IP:53` (UDP and TCP) are parsed and forwarded over UDP to
 //! [`NatConfig::dns_upstreams`] (empty: the `nameserver` lines of the host's
 //! `/etc/resolv.conf`), with our own query ids, a per-attempt timeout and the next upstream on
-//! retry; SERVFAIL when all attempts fail. A/AAAA answers in a denied range (steps 4–5) are
+//! retry; SERVFAIL when all attempts fail. With `public_egress` off every question is answered
+//! REFUSED and nothing is forwarded. A/AAAA answers in a denied range (steps 5–6) are
 //! removed; when none remains the guest gets NXDOMAIN. With `allow_domains`, a question for
 //! any other name gets NXDOMAIN, and the addresses answered for allowed names are pinned.
 //!
@@ -155,6 +157,12 @@ pub struct Policy {
     /// Most new TCP connections and UDP flows per second (token bucket, burst of the same).
     #[serde(default = "default_connections_per_second")]
     pub connections_per_second: u32,
+    /// Public egress (default `true`). When `false`, the guest reaches only
+    /// `GATEWAY_IP:PORT` for ports in `allow_host_ports` (an agent's credential gateway):
+    /// every other flow is denied with [`reasons::NO_EGRESS`], whatever `allow` says, and
+    /// every DNS question is answered REFUSED.
+    #[serde(default = "default_public_egress")]
+    pub public_egress: bool,
 }
 
 fn default_max_connections() -> u32 {
@@ -162,6 +170,9 @@ fn default_max_connections() -> u32 {
 }
 fn default_connections_per_second() -> u32 {
     DEFAULT_CONNECTIONS_PER_SECOND
+}
+fn default_public_egress() -> bool {
+    true
 }
 
 impl Default for Policy {
@@ -173,6 +184,7 @@ impl Default for Policy {
             deny: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             connections_per_second: DEFAULT_CONNECTIONS_PER_SECOND,
+            public_egress: true,
         }
     }
 }

@@ -49,6 +49,8 @@ pub mod reasons {
     pub const ANSWER_DENIED: &str = "answer in denied range";
     /// ICMP echo while the host forbids unprivileged ping sockets (`net.ipv4.ping_group_range`).
     pub const PING_UNAVAILABLE: &str = "ping sockets unavailable";
+    /// `public_egress` is off: only allowed gateway ports are reachable, DNS answers REFUSED.
+    pub const NO_EGRESS: &str = "no_egress";
 }
 
 /// Where an allowed guest flow goes.
@@ -80,6 +82,7 @@ pub(crate) struct PolicyState {
     pinned: PinSet,
     max_connections: usize,
     bucket: TokenBucket,
+    public_egress: bool,
 }
 
 impl PolicyState {
@@ -106,10 +109,11 @@ impl PolicyState {
             pinned: PinSet::default(),
             max_connections: usize::try_from(policy.max_connections).unwrap_or(usize::MAX),
             bucket: TokenBucket::new(policy.connections_per_second),
+            public_egress: policy.public_egress,
         }
     }
 
-    /// Where a new guest flow to `dst:port` goes, or why it is denied (steps 1–6 of the
+    /// Where a new guest flow to `dst:port` goes, or why it is denied (steps 1–7 of the
     /// policy order; the caps are [`PolicyState::admit`]). ICMP passes `port` 0.
     pub(crate) fn route(
         &self,
@@ -131,6 +135,9 @@ impl PolicyState {
             } else {
                 Err(reasons::NOT_DNS_PORT)
             };
+        }
+        if !self.public_egress {
+            return Err(reasons::NO_EGRESS);
         }
         if in_guest_network(dst) {
             return Err(reasons::GUEST_NETWORK);
@@ -160,6 +167,11 @@ impl PolicyState {
             return true;
         }
         default_deny(ip).is_some() && !self.allow.iter().any(|n| n.contains(&ip))
+    }
+
+    /// False when `public_egress` is off (DNS questions are answered REFUSED).
+    pub(crate) fn public_egress(&self) -> bool {
+        self.public_egress
     }
 
     /// True when `allow_domains` is set.
@@ -440,6 +452,40 @@ mod tests {
         assert!(p.pin(IpAddr::V4(ip)));
         assert!(p.route(ip, 443, Protocol::Tcp).is_ok());
         assert!(p.route(ip, 0, Protocol::Icmp).is_ok());
+    }
+
+    #[test]
+    fn no_public_egress_leaves_only_gateway_ports_and_dns() {
+        let p = state(Policy {
+            allow_host_ports: vec![41000],
+            allow: vec!["0.0.0.0/0".parse().unwrap()],
+            public_egress: false,
+            ..Policy::default()
+        });
+        assert!(!p.public_egress());
+        assert_eq!(
+            p.route(GATEWAY_IP, 41000, Protocol::Tcp),
+            Ok(Route::Host(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 41000)))
+        );
+        assert_eq!(
+            p.route(GATEWAY_IP, 22, Protocol::Tcp),
+            Err(reasons::HOST_PORT_NOT_ALLOWED)
+        );
+        assert_eq!(p.route(DNS_IP, 53, Protocol::Udp), Ok(Route::Dns));
+        for (ip, port, proto) in [
+            (Ipv4Addr::new(93, 184, 216, 34), 443, Protocol::Tcp),
+            (Ipv4Addr::new(8, 8, 8, 8), 53, Protocol::Udp),
+            (Ipv4Addr::new(1, 1, 1, 1), 0, Protocol::Icmp),
+            (Ipv4Addr::LOCALHOST, 41000, Protocol::Tcp),
+            (Ipv4Addr::new(10, 0, 2, 9), 80, Protocol::Tcp),
+        ] {
+            assert_eq!(
+                p.route(ip, port, proto),
+                Err(reasons::NO_EGRESS),
+                "{ip}:{port} ({proto:?}), even with `allow: 0.0.0.0/0`"
+            );
+        }
+        assert!(state(Policy::default()).public_egress());
     }
 
     #[test]

@@ -6,11 +6,15 @@ use std::time::{Duration, Instant};
 
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
-use super::agent::{runtime_request, skill_files, StreamParser, DEFAULT_OUTPUT_FILE};
+use super::agent::{skill_files, GuestFile, DEFAULT_OUTPUT_FILE};
 use super::cancel::{kill_vmm_children, NodeControl, StopReason};
 use super::data::{over_cap, CappedBuf, Tail};
+use super::runtime::{launch, GatewayAccess};
 use super::scheduler::{Attempt, Executor, Job, Status};
+use crate::agent_output::{Format, OutputParser};
+use crate::gateway::Gateway;
 use crate::plan::Action;
+use crate::providers::{Endpoint, Runtime};
 use crate::sandbox::{GuestImage, Sandbox, SandboxConfig, SandboxError, VmmLauncher};
 
 /// Guest path of a node's input.
@@ -45,6 +49,17 @@ pub struct VmExecutor {
     pub snapshots: crate::snapshot::Snapshots,
     /// DNS upstreams of the NAT of nodes with network (empty: the host's resolv.conf).
     pub dns_upstreams: Vec<std::net::SocketAddr>,
+    /// Per agent node: its resolved LLM endpoint ([`crate::providers::resolve`]).
+    pub endpoints: std::collections::HashMap<String, Endpoint>,
+}
+
+/// What an attempt runs, prepared on the host before its VM starts.
+struct Prepared {
+    req: ExecRequest,
+    files: Vec<GuestFile>,
+    output_file: Option<String>,
+    /// An agent's output format and endpoint.
+    agent: Option<(Format, Endpoint)>,
 }
 
 impl Executor for VmExecutor {
@@ -76,19 +91,36 @@ fn sandbox_failure(e: SandboxError) -> Attempt {
 }
 
 impl VmExecutor {
-    fn config(&self, job: &Job, console: &Path) -> SandboxConfig {
+    /// The VM's settings; `gateway_port`: the node's credential gateway, which its NAT
+    /// then lets the guest reach (and, for a node without network, nothing else).
+    fn config(
+        &self,
+        job: &Job,
+        console: &Path,
+        program: &str,
+        gateway_port: Option<u16>,
+    ) -> SandboxConfig {
         let vm = self.node_vms.get(&job.node.name);
         let image = vm.and_then(|v| v.image.clone());
         let mut cfg = SandboxConfig::new(image.unwrap_or_else(|| self.image.clone()));
         if let Some(v) = vm {
             cfg.disks = v.disks.clone();
         }
-        cfg.network = job
-            .node
-            .sandbox
-            .network
-            .clone()
-            .map(|p| crate::network::nat_config(p, &self.dns_upstreams));
+        let policy = match (job.node.sandbox.network.clone(), gateway_port) {
+            (Some(mut p), Some(port)) => {
+                if !p.allow_host_ports.contains(&port) {
+                    p.allow_host_ports.push(port);
+                }
+                Some(p)
+            }
+            (None, Some(port)) => Some(voidbox_net::Policy {
+                allow_host_ports: vec![port],
+                public_egress: false,
+                ..voidbox_net::Policy::default()
+            }),
+            (p, None) => p,
+        };
+        cfg.network = policy.map(|p| crate::network::nat_config(p, &self.dns_upstreams));
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -96,7 +128,8 @@ impl VmExecutor {
         cfg.keep_console = Some(console.to_path_buf());
         cfg.runtime_dir = self.runtime_dir.clone();
         // Allowlist + rlimits, in force before the first request (see `policy`).
-        cfg.policy = Some(super::policy::node_policy(&job.node));
+        let runtime = matches!(job.node.action, Action::Agent(_)).then_some(program);
+        cfg.policy = Some(super::policy::node_policy(&job.node, runtime));
         // Backstop enforced by the VMM itself, should the host deadline thread fail.
         cfg.wall_limit = Some(
             self.boot_timeout
@@ -111,18 +144,41 @@ impl VmExecutor {
             return Attempt::failed(Status::Cancelled, "cancelled before start");
         }
         // Everything that can fail on the host is checked before a VM boots.
+        let endpoint = self.endpoints.get(&job.node.name);
+        // A real runtime talks to the model through its own gateway, started per VM.
+        let gateway = match endpoint.filter(|e| e.runtime != Runtime::Mock) {
+            Some(e) => match Gateway::start(e) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    let mut a = Attempt::failed(
+                        Status::Failed,
+                        format!("cannot start the credential gateway: {e}"),
+                    );
+                    a.environment = true;
+                    return a;
+                }
+            },
+            None => None,
+        };
+        let access = gateway.as_ref().map(|g| GatewayAccess {
+            base_url: g.guest_base_url(),
+            token: g.token().to_string(),
+        });
         let mut kit = None;
-        let (req, skills, output_file, agent) = match self.request(job, &mut kit) {
+        let prepared = match self.request(job, endpoint, access.as_ref(), &mut kit) {
             Ok(x) => x,
             Err(e) => return Attempt::failed(Status::Failed, e),
         };
         let boot_t0 = Instant::now();
         let named = job.node.sandbox.snapshot.as_deref();
         let cancelled = || ctl.stopped().is_some();
-        let mut sb = match self
-            .snapshots
-            .start(&self.config(job, console), named, &cancelled)
-        {
+        let cfg = self.config(
+            job,
+            console,
+            &prepared.req.program,
+            gateway.as_ref().map(Gateway::port),
+        );
+        let mut sb = match self.snapshots.start(&cfg, named, &cancelled) {
             Ok(sb) => sb,
             Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
             Err(e) => return sandbox_failure(e),
@@ -133,32 +189,26 @@ impl VmExecutor {
             drop(sb);
             return Attempt::failed(Status::Cancelled, "cancelled");
         }
-        let mut a = self.in_vm(&mut sb, job, ctl, req, skills, &output_file, agent);
+        let mut a = self.in_vm(&mut sb, job, ctl, prepared);
         ctl.clear_pid();
         // Killed first, so the NAT's last denial counts are in.
         a.net_denials = sb.kill().net_denials;
+        a.gateway = gateway.map(Gateway::stop);
         a.kit = kit;
         a.boot = Some(boot);
         a.restored = Some(restored);
         a
     }
 
-    #[allow(clippy::type_complexity)]
-    /// The exec request, the skill files, the output file and whether it is an agent;
-    /// `kit_summary` gets an agent's kit summary once staged.
+    /// The exec request, the files to write first, the output file and, for an agent, how
+    /// its output is parsed; `kit_summary` gets an agent's kit summary once staged.
     fn request(
         &self,
         job: &Job,
+        endpoint: Option<&Endpoint>,
+        gateway: Option<&GatewayAccess>,
         kit_summary: &mut Option<Vec<crate::kit::SkillSummary>>,
-    ) -> Result<
-        (
-            ExecRequest,
-            Vec<super::agent::GuestFile>,
-            Option<String>,
-            bool,
-        ),
-        String,
-    > {
+    ) -> Result<Prepared, String> {
         let vm = self.node_vms.get(&job.node.name);
         // The image's `Env` first: the spec's variables override it.
         let mut env: Vec<(String, String)> = vm.map(|v| v.env.clone()).unwrap_or_default();
@@ -176,8 +226,8 @@ impl VmExecutor {
         match &job.node.action {
             Action::Command(c) => {
                 env.extend(c.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-                Ok((
-                    ExecRequest {
+                Ok(Prepared {
+                    req: ExecRequest {
                         program: c.program.clone(),
                         args: c.args.clone(),
                         env,
@@ -186,44 +236,61 @@ impl VmExecutor {
                         timeout_secs: Some(job.node.timeout().secs),
                         ..ExecRequest::default()
                     },
-                    Vec::new(),
-                    Some(DEFAULT_OUTPUT_FILE.to_string()),
-                    false,
-                ))
+                    files: Vec::new(),
+                    output_file: Some(DEFAULT_OUTPUT_FILE.to_string()),
+                    agent: None,
+                })
             }
             Action::Agent(ag) => {
-                let secrets = crate::kit::Secrets::for_node(&job.node);
-                let (skills, kit) = skill_files(&self.spec_dir, &ag.skills, &secrets)?;
-                *kit_summary = Some(kit);
+                let endpoint = endpoint.ok_or_else(|| {
+                    format!(
+                        "internal: agent node `{}` has no resolved endpoint",
+                        job.node.name
+                    )
+                })?;
                 let out = ag
                     .output_file
                     .clone()
                     .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
-                let mut req = runtime_request(ag, &out, Some(job.node.timeout().secs));
-                req.env.extend(env);
-                Ok((req, skills, Some(out), true))
+                let l = launch(ag, endpoint, gateway, &out, Some(job.node.timeout().secs))?;
+                let mut secrets = crate::kit::Secrets::for_node(&job.node);
+                if let Some(c) = &endpoint.credential {
+                    secrets = secrets.with(c.secret().expose());
+                }
+                let (skills, kit) =
+                    skill_files(&self.spec_dir, &ag.skills, &secrets, l.skills_root)?;
+                *kit_summary = Some(kit);
+                let mut req = l.request;
+                // The node's variables after the runtime's, except those the runtime needs.
+                let own: Vec<String> = req.env.iter().map(|(k, _)| k.clone()).collect();
+                req.env
+                    .extend(env.into_iter().filter(|(k, _)| !own.contains(k)));
+                let mut files = l.files;
+                files.extend(skills);
+                Ok(Prepared {
+                    req,
+                    files,
+                    output_file: Some(out),
+                    agent: Some((l.format, endpoint.clone())),
+                })
             }
             Action::Shell => Err("an interactive sandbox (no `run:`) has nothing to run".into()),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn in_vm(
-        &self,
-        sb: &mut Sandbox,
-        job: &Job,
-        ctl: &NodeControl,
-        req: ExecRequest,
-        skills: Vec<super::agent::GuestFile>,
-        output_file: &Option<String>,
-        agent: bool,
-    ) -> Attempt {
+    fn in_vm(&self, sb: &mut Sandbox, job: &Job, ctl: &NodeControl, p: Prepared) -> Attempt {
+        let Prepared {
+            req,
+            files,
+            output_file,
+            agent,
+        } = p;
         if let Some(input) = &job.input.file {
             if let Err(e) = sb.write_file(INPUT_FILE, input, Some(0o644)) {
                 return stopped_or(ctl, sandbox_failure(e));
             }
         }
-        for f in &skills {
+        for f in &files {
             if let Err(e) = sb.write_file(&f.path, &f.data, Some(f.mode)) {
                 return stopped_or(ctl, sandbox_failure(e));
             }
@@ -233,7 +300,9 @@ impl VmExecutor {
         }
         let mut stdout = CappedBuf::new(job.max_output);
         let mut stderr = Tail::new(STDERR_TAIL);
-        let mut stream = agent.then(|| StreamParser::new(job.max_output));
+        let mut stream = agent
+            .as_ref()
+            .map(|(format, _)| OutputParser::new(*format, job.max_output));
         ctl.arm_deadline(Duration::from_secs(job.node.timeout().secs) + HOST_DEADLINE_GRACE);
         let t0 = Instant::now();
         let res = sb.exec(req, &mut |s, data| match s {
@@ -248,7 +317,11 @@ impl VmExecutor {
         let exec = t0.elapsed();
         let mut a = match res {
             Ok(r) => {
-                let mut a = self.collect(sb, job, &r, stdout, stream, output_file);
+                let outcome = stream.map(OutputParser::finish);
+                let mut a = self.collect(sb, job, &r, stdout, outcome.as_ref(), &output_file);
+                if let (Some(o), Some((_, e))) = (&outcome, &agent) {
+                    a.agent = Some(super::agent::stats(o, e));
+                }
                 if a.status == Status::Succeeded {
                     match super::artifacts::collect_outputs(
                         sb,
@@ -278,10 +351,9 @@ impl VmExecutor {
         job: &Job,
         r: &ExecResponse,
         stdout: CappedBuf,
-        stream: Option<StreamParser>,
+        outcome: Option<&crate::agent_output::AgentOutcome>,
         output_file: &Option<String>,
     ) -> Attempt {
-        let summary = stream.map(StreamParser::finish);
         let mut a = if r.timed_out {
             Attempt::failed(
                 Status::TimedOut,
@@ -295,6 +367,10 @@ impl VmExecutor {
                 Status::Failed,
                 format!("cannot run {}: {e}", program_of(job)),
             )
+        } else if let Some(o) = outcome.filter(|o| o.is_error) {
+            // The runtime's own message says more than its exit status.
+            let why = o.failure().unwrap_or_default();
+            Attempt::failed(Status::Failed, format!("the agent runtime failed: {why}"))
         } else if !r.success() {
             let how = match (r.exit_code, r.signal) {
                 (_, Some(s)) => format!("killed by signal {s}"),
@@ -307,19 +383,14 @@ impl VmExecutor {
                 Status::Failed,
                 "the guest dropped output beyond its policy limit",
             )
-        } else if let Some(s) = summary.as_ref().filter(|s| !s.result_seen || s.is_error) {
-            let why = if s.result_seen {
-                "reported an error".to_string()
-            } else {
-                format!("ended without a result{}", s.missing_result_hint())
-            };
-            Attempt::failed(Status::Failed, format!("the agent runtime {why}"))
+        } else if let Some(why) = outcome.and_then(|o| o.failure()) {
+            Attempt::failed(Status::Failed, format!("the agent runtime failed: {why}"))
         } else {
             match self.output(
                 sb,
                 job,
                 stdout,
-                summary.as_ref().map_or(Ok(None), |s| s.result()),
+                Ok(outcome.and_then(|o| o.result.clone())),
                 output_file,
             ) {
                 Ok(o) => Attempt::ok(o),
@@ -328,7 +399,6 @@ impl VmExecutor {
         };
         a.exit_code = r.exit_code;
         a.signal = r.signal;
-        a.agent = summary.map(|s| s.stats);
         a
     }
 

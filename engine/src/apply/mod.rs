@@ -20,6 +20,7 @@ pub mod policy;
 pub mod progress;
 pub mod refusals;
 pub mod report;
+pub mod runtime;
 pub mod scheduler;
 
 use std::io::{IsTerminal, Write};
@@ -138,21 +139,37 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         eprintln!("{msg}");
         return 2;
     }
-    match &opts.spec {
-        Some(src) => {
-            let r = refusals::check_spec(&plan, src);
-            if !r.is_empty() {
-                eprint!("{}", refusals::render(src, &r));
-                return refusals::EXIT_REFUSED;
-            }
-        }
-        None => {
-            if let Err(e) = agent::check_providers(&plan) {
-                eprintln!("error: {e}");
-                return 3;
-            }
+    if let Some(src) = &opts.spec {
+        let r = refusals::check_spec(&plan, src);
+        if !r.is_empty() {
+            eprint!("{}", refusals::render(src, &r));
+            return refusals::EXIT_REFUSED;
         }
     }
+    // Every agent's provider, key or login is checked before anything starts.
+    let endpoints = match runtime::endpoints(&plan, &|k| std::env::var(k).ok()) {
+        Ok(e) => e,
+        Err(failures) => {
+            match &opts.spec {
+                Some(src) => {
+                    let r: Vec<refusals::Refusal> = failures
+                        .into_iter()
+                        .map(|f| refusals::locate(&plan, src, &f.node, f.field, f.message, f.help))
+                        .collect();
+                    eprint!("{}", refusals::render(src, &r));
+                }
+                None => {
+                    for f in failures {
+                        eprintln!(
+                            "error: node `{}`: {}\n  help: {}",
+                            f.node, f.message, f.help
+                        );
+                    }
+                }
+            }
+            return refusals::EXIT_REFUSED;
+        }
+    };
     let dns_upstreams = match dns_upstreams(&plan) {
         Ok(u) => u,
         Err(e) => {
@@ -200,6 +217,35 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 3;
         }
     };
+    let mut node_vms = node_vms;
+    if runtime::needs_runtimes(&endpoints) {
+        // The real runtimes come on their own read-only disk (fetched from npm once).
+        let disk = match crate::runtimes::ensure(&mut |l| eprintln!("runtimes: {l}")) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return e.exit_code();
+            }
+        };
+        for (name, e) in &endpoints {
+            if e.runtime == crate::providers::Runtime::Mock {
+                continue;
+            }
+            let vm = node_vms.entry(name.clone()).or_default();
+            vm.disks.images.push(crate::sandbox::disks::ImageDisk {
+                path: disk.path.clone(),
+                digest: format!("sha256:{}", disk.digest),
+                role: crate::sandbox::disks::DiskRole::Skill {
+                    mount: crate::runtimes::GUEST_MOUNT.into(),
+                    writable: false,
+                },
+            });
+            if let Err(e) = vm.disks.check() {
+                eprintln!("error: node `{name}`: {e}");
+                return 3;
+            }
+        }
+    }
     let logs_dir = opts
         .logs_dir
         .clone()
@@ -253,6 +299,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         kill_children_on_abort: true,
         snapshots,
         dns_upstreams,
+        endpoints,
     });
     let sched = SchedOptions {
         max_parallel: opts

@@ -14,14 +14,14 @@
 
 use voidbox_protocol::{valid_allow_entry, GuestPolicy, ResourceLimits};
 
-use super::agent::runtime_program;
 use crate::plan::{Action, PlanNode};
 
-/// The programs `node`'s guest agent may start, in order, without duplicates.
-pub fn allowlist(node: &PlanNode) -> Vec<String> {
+/// The programs `node`'s guest agent may start, in order, without duplicates;
+/// `runtime` is an agent node's runtime program ([`super::runtime::launch`]).
+pub fn allowlist(node: &PlanNode, runtime: Option<&str>) -> Vec<String> {
     let own = match &node.action {
         Action::Command(c) => Some(c.program.clone()),
-        Action::Agent(a) => Some(runtime_program(a).to_string()),
+        Action::Agent(_) => runtime.map(str::to_string),
         Action::Shell => None,
     };
     let mut out: Vec<String> = Vec::new();
@@ -39,10 +39,10 @@ pub fn allowlist(node: &PlanNode) -> Vec<String> {
     out
 }
 
-/// The policy sent to `node`'s VMs.
-pub fn node_policy(node: &PlanNode) -> GuestPolicy {
+/// The policy sent to `node`'s VMs (`runtime`: as for [`allowlist`]).
+pub fn node_policy(node: &PlanNode, runtime: Option<&str>) -> GuestPolicy {
     GuestPolicy {
-        allowlist: Some(allowlist(node)),
+        allowlist: Some(allowlist(node, runtime)),
         rlimits: node.sandbox.limits.or_default(),
         max_timeout_secs: node.timeout_secs.filter(|&t| t > 0),
         ..GuestPolicy::default()
@@ -107,7 +107,7 @@ pipeline:
     - {type: box, name: upper}
 "#,
         );
-        let seed = node_policy(node(&p, "seed"));
+        let seed = node_policy(node(&p, "seed"), None);
         assert_eq!(
             seed.allowlist.as_deref(),
             Some(&["sh".to_string(), "cat".into(), "/usr/bin/env".into()][..])
@@ -124,7 +124,7 @@ pipeline:
         assert_eq!(seed.max_timeout_secs, None);
         assert!(seed.validate().is_ok());
         // The box's list replaces the spec's; its limits override field by field.
-        let upper = node_policy(node(&p, "upper"));
+        let upper = node_policy(node(&p, "upper"), None);
         assert_eq!(
             upper.allowlist.as_deref(),
             Some(&["tr".to_string(), "sed".into()][..])
@@ -147,7 +147,7 @@ agent:
   prompt: hi
 "#,
         );
-        let pol = node_policy(node(&p, "a"));
+        let pol = node_policy(node(&p, "a"), Some(MOCK_RUNTIME));
         assert_eq!(pol.allowlist, Some(vec![MOCK_RUNTIME.to_string()]));
         assert_eq!(pol.rlimits, ResourceLimits::DEFAULT);
         let w = plan(
@@ -161,7 +161,10 @@ workflow:
       run: {program: /bin/busybox, args: [echo, hi]}
 "#,
         );
-        assert_eq!(allowlist(node(&w, "one")), vec!["/bin/busybox".to_string()]);
+        assert_eq!(
+            allowlist(node(&w, "one"), None),
+            vec!["/bin/busybox".to_string()]
+        );
         let rel = plan(
             r#"
 api_version: v1
@@ -170,8 +173,8 @@ name: s
 run: {program: ./run.sh}
 "#,
         );
-        assert!(allowlist(node(&rel, "s")).is_empty());
-        assert!(node_policy(node(&rel, "s")).validate().is_ok());
+        assert!(allowlist(node(&rel, "s"), None).is_empty());
+        assert!(node_policy(node(&rel, "s"), None).validate().is_ok());
         let r = run_policy("ls", Some(5));
         assert_eq!(r.allowlist, Some(vec!["ls".to_string()]));
         assert_eq!(r.rlimits, ResourceLimits::DEFAULT);

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 use crate::diagnostic::Span;
 use crate::plan::{Action, Plan, PlanNode};
-use crate::spec::model::{Kind, Provider};
+use crate::spec::model::Kind;
 use crate::spec::yaml::{self, Node, NodeKind};
 use crate::validate::skills::{parse_skill, SkillRef};
 
@@ -178,6 +178,8 @@ pub enum NodeField<'f> {
     Sandbox(&'f str),
     /// The node's skill at this index.
     Skill(usize),
+    /// The node's `llm.provider` (its own, else the spec's, else where the default applies).
+    Provider,
 }
 
 /// A [`Refusal`] for `field` of node `node`, located in the spec (the spec's root when the
@@ -194,11 +196,13 @@ pub fn locate(
     let found = match field {
         NodeField::Sandbox(key) => at.sandbox_field(key).map(|(f, _, span)| (f, span)),
         NodeField::Skill(i) => at.skills().into_iter().nth(i).map(|(f, n)| (f, n.span)),
+        NodeField::Provider => Some(at.provider_field()),
     };
     let (name, span) = found.unwrap_or_else(|| {
         let name = match field {
             NodeField::Sandbox(key) => format!("sandbox.{key}"),
             NodeField::Skill(i) => format!("skills[{i}]"),
+            NodeField::Provider => "llm.provider".into(),
         };
         (name, src.root.span)
     });
@@ -331,7 +335,7 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
             }
         }
     }
-    let Action::Agent(a) = &n.action else {
+    let Action::Agent(_) = &n.action else {
         return;
     };
     if kind == Kind::Agent {
@@ -365,42 +369,6 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
                     &n.name,
                 );
             }
-        }
-    }
-    if a.llm.provider != Provider::Mock {
-        let (field, span) = at.provider_field();
-        c.add(
-            at.at(
-                field,
-                span,
-                format!(
-                    "`llm.provider: {}` cannot run here: its CLI is not in the guest image of this installation",
-                    a.llm.provider.as_str()
-                ),
-                "only `provider: mock` (an offline stand-in) can run here for now; it is never substituted",
-            ),
-            &n.name,
-        );
-    }
-    if a.llm.credential_proxy {
-        let own = at.own.as_ref().and_then(|(node, prefix)| {
-            let (k, _) = node.get("llm")?.entry("credential_proxy")?;
-            Some((format!("{prefix}.llm.credential_proxy"), k.span))
-        });
-        let spec = || {
-            let (k, _) = at.src.root.get("llm")?.entry("credential_proxy")?;
-            Some(("llm.credential_proxy".to_string(), k.span))
-        };
-        if let Some((field, span)) = own.or_else(spec) {
-            c.add(
-                at.at(
-                    field,
-                    span,
-                    "`llm.credential_proxy: true` (host-side API key injection) cannot run here: no agent runtime in the guest image of this installation uses it yet".into(),
-                    "remove `credential_proxy` until real agent runtimes land (`provider: mock` needs no key)",
-                ),
-                &n.name,
-            );
         }
     }
     for (field, s) in at.skills() {
@@ -536,9 +504,9 @@ mod tests {
         assert_eq!((r[0].field.as_str(), r[0].line), ("sandbox.mounts", 3));
         // OCI root filesystems and boot files are provided (pulled before anything starts).
         assert!(sandbox("{image: 'alpine:3.20', guest_image: 'x:1'}").is_empty());
-        // No llm at all: the default provider is located at the prompt.
-        let r = refusals("kind: agent\nname: a\nagent: {prompt: hi}\n");
-        assert!(r[0].field.contains("agent.prompt"), "{r:?}");
+        // Every provider is carried out (a missing key is refused when `apply` resolves
+        // the endpoint, with the environment at hand).
+        assert!(refusals("kind: agent\nname: a\nagent: {prompt: hi}\n").is_empty());
     }
 
     #[test]
@@ -554,19 +522,13 @@ mod tests {
     }
 
     #[test]
-    fn refuses_credential_proxy_where_it_is_set() {
-        let text = "kind: agent\nname: a\nllm: {provider: mock, credential_proxy: true}\nagent: {prompt: hi}\n";
-        let r = refusals(text);
-        assert_eq!(r.len(), 1, "{r:?}");
-        assert_eq!(
-            (r[0].field.as_str(), r[0].line),
-            ("llm.credential_proxy", 3)
-        );
-        let text = "kind: pipeline\nname: p\nllm: {provider: mock}\npipeline:\n  boxes:\n    - name: a\n      prompt: hi\n      llm: {provider: mock, credential_proxy: true}\n";
-        let r = refusals(text);
-        assert_eq!(r[0].field, "pipeline.boxes[0].llm.credential_proxy");
-        let off = "kind: agent\nname: a\nllm: {provider: mock, credential_proxy: false}\nagent: {prompt: hi}\n";
-        assert!(refusals(off).is_empty());
+    fn credential_proxy_is_accepted_either_way() {
+        // The gateway is how every real runtime reaches its model: `true` asks for what
+        // happens anyway, `false` cannot turn it off (the key never enters the guest).
+        for v in ["true", "false"] {
+            let text = format!("kind: agent\nname: a\nllm: {{provider: claude, credential_proxy: {v}}}\nagent: {{prompt: hi}}\n");
+            assert!(refusals(&text).is_empty(), "{v}");
+        }
     }
 
     #[test]

@@ -14,14 +14,21 @@
 //!                "signal": int|null, "output_bytes": int|null, "console_log": str|null,
 //!                "error": str|null,
 //!                "timeout": null|{ "limit": str, "secs": int },
-//!                "agent": null|{ "model", "input_tokens", "output_tokens", "cost_usd",
-//!                                "num_turns", "tool_calls": [str], "result" (whole) },
+//!                "agent": null|{ "runtime": "claude-code"|"codex"|"mock", "provider": str,
+//!                                "model", "input_tokens", "output_tokens", "cached_tokens",
+//!                                "cost_usd", "num_turns", "tool_calls": [str],
+//!                                "skills": [str], "mcp_servers": [str], "warnings": [str],
+//!                                "result" (whole) },
+//!                "gateway": null|{ "requests": int, "refused": int,
+//!                                  "upstream_errors": int, "input_tokens": int,
+//!                                  "output_tokens": int, "cached_tokens": int },
 //!                "artifacts": [ { "name": str, "files": int, "bytes": int,
 //!                                 "skipped": int } ],
 //!                "network": null|{ "policy": { "allow_host_ports": [int],
 //!                                    "allow_domains": [str], "allow": [str],
 //!                                    "deny": [str], "max_connections": int,
-//!                                    "connections_per_second": int },
+//!                                    "connections_per_second": int,
+//!                                    "public_egress": bool },
 //!                                  "denials": [ { "destination": str, "port": int,
 //!                                                 "protocol": "tcp"|"udp"|"icmp"|"dns",
 //!                                                 "reason": str, "count": int } ] },
@@ -33,7 +40,13 @@
 //!
 //! `network` is `null` for a node without a network device; else its effective policy and
 //! what the NAT of its last attempt's VM denied (cumulative counts per destination, port,
-//! protocol and reason; `destination` is the queried name for `dns`).
+//! protocol and reason; `destination` is the queried name for `dns`). An agent box with a
+//! real runtime and no `network` has a device that reaches its credential gateway only:
+//! `{"policy": null, "gateway_only": true, "denials": [...]}`.
+//!
+//! `gateway` is what the node's credential gateway ([`crate::gateway`]) forwarded to the
+//! model for its last attempt (requests with the VM's token, refused ones, upstream
+//! failures, and the token counts read from the responses); `null` for other nodes.
 //!
 //! `kit` is `null` for a node that is not an agent; else its skills kit ([`crate::kit`]):
 //! per skill the files staged into the guest, their bytes after redaction, the secrets
@@ -128,6 +141,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
                 "network": network(&plan.graph[idx], a),
                 "kit": kit(plan, &plan.graph[idx], a),
+                "gateway": a.and_then(|a| a.gateway.as_ref()).map_or(Value::Null, |g| json!(g)),
             })
         })
         .collect();
@@ -154,6 +168,11 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
 /// network device.
 fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
     match &node.sandbox.network {
+        None if a.is_some_and(|a| a.gateway.is_some()) => json!({
+            "policy": Value::Null,
+            "gateway_only": true,
+            "denials": a.map_or(json!([]), |a| json!(a.net_denials)),
+        }),
         None => Value::Null,
         Some(policy) => json!({
             "policy": policy,
@@ -228,8 +247,9 @@ pub fn summary_table(plan: &Plan, r: &RunResult) -> String {
         if let Some(st) = n.last.as_ref().and_then(|a| a.agent.as_ref()) {
             let _ = writeln!(
                 s,
-                "{:w$}  agent: {} in / {} out tokens, ${:.6}, {} tool calls",
+                "{:w$}  agent ({}): {} in / {} out tokens, ${:.6}, {} tool calls",
                 "",
+                st.runtime,
                 st.input_tokens,
                 st.output_tokens,
                 st.cost_usd,
@@ -440,6 +460,7 @@ mod timeout_tests {
                     "deny": ["198.51.100.0/24"],
                     "max_connections": voidbox_net::DEFAULT_MAX_CONNECTIONS,
                     "connections_per_second": voidbox_net::DEFAULT_CONNECTIONS_PER_SECOND,
+                    "public_egress": true,
                 },
                 "denials": [
                     {"destination": "10.0.2.2", "port": 22, "protocol": "tcp", "reason": "host port not allowed", "count": 2},

@@ -61,21 +61,34 @@ impl Status {
     }
 }
 
-/// Token usage and tool calls of an agent attempt (from its stream-json).
+/// What an agent attempt's runtime reported ([`crate::agent_output::AgentOutcome`], in one
+/// shape for every runtime).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct AgentStats {
-    /// Model named by the runtime.
+    /// The runtime that ran (`claude-code`, `codex`, `mock`).
+    pub runtime: String,
+    /// The provider after overrides.
+    pub provider: String,
+    /// Model named by the runtime (Claude Code's init event), else the one it was given.
     pub model: Option<String>,
-    /// Input tokens.
+    /// Input tokens (cached ones included).
     pub input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
-    /// Cost in USD.
+    /// Input tokens read from the prompt cache.
+    pub cached_tokens: u64,
+    /// Cost in USD (zero for a local endpoint).
     pub cost_usd: f64,
     /// Turns.
     pub num_turns: u64,
     /// Tool names in call order (capped).
     pub tool_calls: Vec<String>,
+    /// Skills the runtime listed at start (Claude Code; Codex does not report them).
+    pub skills: Vec<String>,
+    /// MCP servers the runtime listed at start, as `name:status`.
+    pub mcp_servers: Vec<String>,
+    /// Non-fatal warnings the runtime emitted (capped).
+    pub warnings: Vec<String>,
     /// The final result text, whole (a result over the output cap fails the node and is
     /// not kept).
     pub result: Option<String>,
@@ -115,6 +128,8 @@ pub struct Attempt {
     /// An agent's skills kit as staged into this attempt's VM (per skill: files, bytes,
     /// redactions); `None` when no kit was staged.
     pub kit: Option<Vec<crate::kit::SkillSummary>>,
+    /// What the node's credential gateway forwarded (real agent runtimes only).
+    pub gateway: Option<crate::gateway::GatewayStats>,
 }
 
 impl Attempt {
@@ -136,6 +151,7 @@ impl Attempt {
             artifacts: Vec::new(),
             net_denials: Vec::new(),
             kit: None,
+            gateway: None,
         }
     }
 

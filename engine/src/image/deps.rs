@@ -23,6 +23,8 @@ pub const PACKAGES: &[&str] = &[
     "binutils",
     "libc6-dev",
     super::erofs::EROFS_PACKAGE,
+    // the musl loader of the runtimes disk (engine/src/runtimes)
+    crate::runtimes::MUSL_PACKAGE,
 ];
 
 /// Where busybox-static installs its binary.

@@ -23,10 +23,13 @@ const DIRS: &[(&str, u32)] = &[
     ("etc/voidbox", 0o755),
     ("home", 0o755),
     ("home/sandbox", 0o755),
+    ("lib", 0o755),
     ("mnt", 0o755),
     ("opt", 0o755),
     ("opt/voidbox", 0o755),
     ("opt/voidbox/runtimes", 0o755),
+    // The mount point of the read-only runtimes disk (engine/src/runtimes).
+    ("opt/voidbox/runtimes/npm", 0o755),
     ("proc", 0o555),
     ("root", 0o700),
     ("run", 0o755),
@@ -41,8 +44,15 @@ const DIRS: &[(&str, u32)] = &[
 ];
 
 /// Symbolic links: (path, target). `/var/tmp` is `/tmp`, a tmpfs (the root may be
-/// read-only).
-const LINKS: &[(&str, &str)] = &[("var/tmp", "/tmp")];
+/// read-only). The musl loader that Claude Code's musl build names as its interpreter lives
+/// on the runtimes disk (dangling in VMs without it).
+const LINKS: &[(&str, &str)] = &[
+    ("var/tmp", "/tmp"),
+    (
+        "lib/ld-musl-x86_64.so.1",
+        "/opt/voidbox/runtimes/npm/lib/ld-musl-x86_64.so.1",
+    ),
+];
 
 const PASSWD: &str =
     "root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\n";

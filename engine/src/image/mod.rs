@@ -166,7 +166,8 @@ pub enum Format {
 /// `voidbox image` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
-    /// Build the guest image (kernel + system disk) into the cache; takes minutes the first time.
+    /// Build the guest image (kernel + system disk) and the runtimes disk (agent CLIs from
+    /// npm) into the cache; takes minutes the first time.
     Build {
         /// Kernel profile; `auto` probes the host's KVM.
         #[arg(long, value_enum, default_value_t = ProfileChoice::Auto)]
@@ -189,8 +190,11 @@ pub enum ImageCommand {
         /// Print the result as JSON on stdout.
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
+        /// Skip the runtimes disk (the agent CLIs, fetched from the npm registry).
+        #[arg(long)]
+        no_runtimes: bool,
     },
-    /// List cached images.
+    /// List cached images (and runtimes disks).
     Ls {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Human)]
@@ -251,7 +255,9 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             keep_build_dir,
             cache_dir,
             format,
+            no_runtimes,
         } => {
+            let runtimes_root = cache_dir.clone();
             if profile == ProfileChoice::Auto {
                 let r = probe::probe()?;
                 eprintln!("host KVM: {} ({})", r.kind, describe_probe(&r));
@@ -281,8 +287,15 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                     String::new()
                 }
             );
+            let runtimes = if no_runtimes {
+                None
+            } else {
+                Some(crate::runtimes::cli::ensure_logged(
+                    runtimes_root.as_deref(),
+                )?)
+            };
             match format {
-                Format::Json => println!("{}", info_json(&info)),
+                Format::Json => println!("{}", info_json(&info, runtimes.as_ref())),
                 Format::Human => {
                     println!("{}", info.dir.display());
                 }
@@ -339,6 +352,13 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                             );
                         }
                     }
+                    // (JSON lists images only: `voidbox runtimes ls --format json`.)
+                    if let Ok((disks, _)) = crate::runtimes::list(Some(cache.root())) {
+                        if !disks.is_empty() {
+                            println!();
+                            crate::runtimes::cli::print_table(&disks);
+                        }
+                    }
                 }
             }
             for (dir, e) in &broken {
@@ -393,16 +413,24 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             let mut out = Vec::new();
             let tmp = cache.tmp_dir()?;
             for h in targets {
-                // Images of the old layout are never booted by this voidbox: verifying "all"
-                // reports them as stale (they are unused, not corrupt); naming one still fails.
-                if implicit
-                    && manifest::Manifest::load(&cache.image_dir(&h))
-                        .is_ok_and(|m| m.format == manifest::LEGACY_FORMAT)
-                {
+                // Images of the old layout, or made by an older builder, are never booted by
+                // this voidbox: verifying "all" reports them as stale (they are unused, not
+                // corrupt); naming one still verifies it against today's layout.
+                let stale = manifest::Manifest::load(&cache.image_dir(&h))
+                    .ok()
+                    .and_then(|m| {
+                        if m.format == manifest::LEGACY_FORMAT {
+                            Some("old layout (kernel + initramfs)")
+                        } else if m.inputs.builder_version != recipe::BUILDER_VERSION {
+                            Some("made by an older image builder")
+                        } else {
+                            None
+                        }
+                    });
+                if let (true, Some(why)) = (implicit, stale) {
                     if format == Format::Human {
                         println!(
-                            "stale {}: old layout (kernel + initramfs), never booted; \
-                             remove it with `voidbox image rm {}`",
+                            "stale {}: {why}, never booted; remove it with `voidbox image rm {}`",
                             &h[..12],
                             &h[..12]
                         );
@@ -446,6 +474,11 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                         );
                     }
                 }
+            }
+            if implicit {
+                let (bad, entries) = crate::runtimes::cli::verify_all(Some(cache.root()), format)?;
+                failed += bad;
+                out.extend(entries);
             }
             if format == Format::Json {
                 println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
@@ -492,7 +525,7 @@ fn describe_probe(r: &probe::ProbeReport) -> String {
     }
 }
 
-fn info_json(info: &ImageInfo) -> String {
+fn info_json(info: &ImageInfo, runtimes: Option<&crate::runtimes::RuntimesDisk>) -> String {
     serde_json::to_string_pretty(&serde_json::json!({
         "hash": info.hash,
         "dir": info.dir,
@@ -504,6 +537,7 @@ fn info_json(info: &ImageInfo) -> String {
         "kernel_release": info.kernel_release,
         "cmdline": info.cmdline,
         "freshly_built": info.freshly_built,
+        "runtimes": runtimes.map(crate::runtimes::cli::disk_json),
     }))
     .unwrap_or_default()
 }

@@ -8,8 +8,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever the builder changes what it produces from the same inputs (2: a system
-/// disk instead of an initramfs; the crypto self-tests off).
-pub const BUILDER_VERSION: u32 = 2;
+/// disk instead of an initramfs; the crypto self-tests off; 3: `/lib` with the musl loader link
+/// and the runtimes disk's mount point).
+pub const BUILDER_VERSION: u32 = 3;
 
 /// Fragment merged into every profile.
 pub const BASE_CONFIG: &str = include_str!("../../../guest-agent/image/config/base.config");
@@ -36,6 +37,7 @@ pub const PATCHES: &[(&str, &str)] = &[
     patch!("0005-voidbox-rep-string-ops.patch"),
     patch!("0006-voidbox-fast-free-initmem.patch"),
     patch!("0007-voidbox-pv-xstate.patch"),
+    patch!("0008-voidbox-clear-page-rep.patch"),
 ];
 
 /// Debian package providing the kernel source tarball.

@@ -28,6 +28,11 @@ impl Secrets {
         Secrets { values }
     }
 
+    /// These secrets and `value` (kept only if long enough, as in [`Secrets::new`]).
+    pub fn with(self, value: &str) -> Secrets {
+        Secrets::new(self.values.into_iter().chain([value.to_string()]))
+    }
+
     /// The host values `node` receives: every `sandbox.env` entry with an empty value (which
     /// copies the host's variable) and, for an agent, the variable `llm.api_key_env` names.
     pub fn for_node(node: &PlanNode) -> Secrets {

@@ -77,6 +77,7 @@ impl NetworkArgs {
             connections_per_second: self
                 .connections_per_second
                 .unwrap_or(d.connections_per_second),
+            public_egress: true,
         }))
     }
 }

@@ -60,6 +60,7 @@ pub fn creator_policy() -> Policy {
         ],
         max_connections: 1,
         connections_per_second: 1,
+        public_egress: true,
     }
 }
 

@@ -292,6 +292,7 @@ impl NetworkPolicy {
             deny: self.deny.clone(),
             max_connections: self.max_connections,
             connections_per_second: self.connections_per_second,
+            public_egress: true,
         }
     }
 }
@@ -368,7 +369,9 @@ pub struct Llm {
     /// Model name (provider-specific).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Base URL of the provider's API (for `ollama` and `custom`).
+    /// The provider's endpoint as the host sees it: an Anthropic Messages API root for the
+    /// Claude Code providers, an OpenAI API root including `/v1` for `codex`. Required for
+    /// `custom`; https, or http to a loopback host only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// Name of the host environment variable that holds the API key.
@@ -390,15 +393,28 @@ pub enum Provider {
     ClaudePersonal,
     /// OpenAI Codex CLI.
     Codex,
-    /// A local Ollama server.
+    /// Claude Code against a local Ollama server (`http://127.0.0.1:11434`).
     Ollama,
-    /// Any OpenAI-compatible endpoint (`base_url`).
+    /// Claude Code against a local LM Studio server (`http://127.0.0.1:1234`).
+    LmStudio,
+    /// Claude Code against any Anthropic Messages API endpoint (`base_url`).
     Custom,
     /// A deterministic offline stand-in for an LLM CLI (tests and demos).
     Mock,
 }
 
 impl Provider {
+    /// Every provider, in declaration order.
+    pub const ALL: [Provider; 7] = [
+        Provider::Claude,
+        Provider::ClaudePersonal,
+        Provider::Codex,
+        Provider::Ollama,
+        Provider::LmStudio,
+        Provider::Custom,
+        Provider::Mock,
+    ];
+
     /// The name used in specs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -406,6 +422,7 @@ impl Provider {
             Provider::ClaudePersonal => "claude-personal",
             Provider::Codex => "codex",
             Provider::Ollama => "ollama",
+            Provider::LmStudio => "lm-studio",
             Provider::Custom => "custom",
             Provider::Mock => "mock",
         }

@@ -12,7 +12,7 @@ use crate::validate::skills::{parse_skill, SkillRef};
 pub const RUNTIMES: [(&str, &[&str]); 2] = [
     (
         "claude-code",
-        &["claude", "claude-personal", "ollama", "custom"],
+        &["claude", "claude-personal", "ollama", "lm-studio", "custom"],
     ),
     ("codex", &["codex"]),
 ];
@@ -154,6 +154,15 @@ mod tests {
         .is_empty());
         assert!(codes(&agent("", "agent:claude-code"), None).is_empty());
         assert!(codes(&agent("llm: {provider: codex}\n", "agent:codex"), None).is_empty());
+        assert!(codes(
+            &agent("llm: {provider: lm-studio}\n", "agent:claude-code"),
+            None
+        )
+        .is_empty());
+        assert_eq!(
+            codes(&agent("llm: {provider: lm-studio}\n", "agent:codex"), None),
+            [("voidbox::runtime_conflict", 6)]
+        );
         assert_eq!(
             codes(&agent("llm: {provider: mock}\n", "agent:claude-code"), None),
             [("voidbox::runtime_conflict", 6)]

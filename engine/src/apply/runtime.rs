@@ -1,0 +1,457 @@
+//! How an agent node's runtime starts in its VM: the exec request, the configuration files
+//! it reads and the environment it gets, for Claude Code and Codex (from the runtimes disk,
+//! [`crate::runtimes`]) and for the offline mock runtime.
+//!
+//! A real runtime never sees the API key: it talks to its node's credential gateway
+//! ([`crate::gateway`]) at `http://10.0.2.2:PORT` with a per-VM placeholder token, and the
+//! gateway adds the real credential on the host.
+
+use std::collections::HashMap;
+
+use voidbox_protocol::ExecRequest;
+
+use super::agent::{GuestFile, MOCK_RUNTIME};
+use super::refusals::NodeField;
+use crate::agent_output::Format;
+use crate::plan::{Action, AgentAction, Plan};
+use crate::providers::{Endpoint, Runtime};
+
+/// The sandbox user's home (uid 1000 owns it).
+pub const HOME: &str = "/home/sandbox";
+/// The working directory of every runtime.
+pub const WORKDIR: &str = "/workspace";
+/// Codex's configuration directory (`CODEX_HOME`); it must be writable.
+pub const CODEX_HOME: &str = "/home/sandbox/.codex";
+/// The variable holding the gateway token for Codex (its `env_key`).
+pub const CODEX_TOKEN_ENV: &str = "VOIDBOX_GATEWAY_TOKEN";
+/// Retries a runtime makes on a failed model request (their defaults retry for minutes).
+pub const MAX_RETRIES: u32 = 2;
+/// `PATH` of the runtimes: their own directory first, then the system's.
+const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+/// An agent node that cannot run on this host, with the field to blame.
+#[derive(Debug, Clone)]
+pub struct EndpointFailure {
+    /// The node.
+    pub node: String,
+    /// The field.
+    pub field: NodeField<'static>,
+    /// What is wrong (never a secret).
+    pub message: String,
+    /// How to proceed.
+    pub help: &'static str,
+}
+
+/// Resolves every agent node's `llm` ([`crate::providers::resolve`], overrides and keys read
+/// through `env`) before any VM starts; a node that cannot run is a failure (exit 3).
+pub fn endpoints(
+    plan: &Plan,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<HashMap<String, Endpoint>, Vec<EndpointFailure>> {
+    let mut out = HashMap::new();
+    let mut failures = Vec::new();
+    for n in plan.graph.node_weights() {
+        let Action::Agent(a) = &n.action else {
+            continue;
+        };
+        let fail = |field, message: String, help| EndpointFailure {
+            node: n.name.clone(),
+            field,
+            message,
+            help,
+        };
+        let e = match crate::providers::resolve(&a.llm, env) {
+            Ok(e) => e,
+            Err(e) => {
+                failures.push(fail(
+                    NodeField::Provider,
+                    e.to_string(),
+                    "set what the message names, or use another provider (`provider: mock` needs nothing)",
+                ));
+                continue;
+            }
+        };
+        if e.runtime != Runtime::Mock && n.sandbox.image.is_some() {
+            failures.push(fail(
+                NodeField::Sandbox("image"),
+                format!(
+                    "the {} runtime runs in the guest image's own root, not inside an OCI image root",
+                    runtime_name(e.runtime)
+                ),
+                "remove `image:` from the agent box, or mount the image as a skill (`skills: [{image: …, mount: …}]`)",
+            ));
+        }
+        // `sandbox.env: {NAME: ""}` copies a host variable into the guest: never the key.
+        if let Some(secret) = e.credential.as_ref().map(|c| c.secret().expose()) {
+            let copied = n
+                .sandbox
+                .env
+                .iter()
+                .filter(|(_, v)| v.is_empty())
+                .find(|(k, _)| env(k).is_some_and(|v| !v.is_empty() && v == secret));
+            if let Some((k, _)) = copied {
+                failures.push(fail(
+                    NodeField::Sandbox("env"),
+                    format!("`{k}` would copy the provider's API key into the guest, which voidbox never does (the credential gateway adds it on the host)"),
+                    "remove it from `env`: the runtime reaches its model through the gateway without it",
+                ));
+            }
+        }
+        out.insert(n.name.clone(), e);
+    }
+    if failures.is_empty() {
+        Ok(out)
+    } else {
+        Err(failures)
+    }
+}
+
+/// Whether any endpoint needs the runtimes disk (a real runtime).
+pub fn needs_runtimes(endpoints: &HashMap<String, Endpoint>) -> bool {
+    endpoints.values().any(|e| e.runtime != Runtime::Mock)
+}
+
+/// How the guest reaches the node's gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAccess {
+    /// Base URL as the guest sees it (`http://10.0.2.2:PORT` + the upstream's path).
+    pub base_url: String,
+    /// The per-VM placeholder token (not a credential outside this VM's gateway).
+    pub token: String,
+}
+
+/// What starts the runtime: the request, the files it reads, how its output is parsed.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The exec request (environment and working directory set; the caller adds the
+    /// node's environment).
+    pub request: ExecRequest,
+    /// Configuration files, written before the request (owned by the sandbox user).
+    pub files: Vec<GuestFile>,
+    /// The runtime's output format.
+    pub format: Format,
+    /// Where the kit's `skills/` go for this runtime.
+    pub skills_root: &'static str,
+}
+
+/// Where each runtime discovers skills (`<root>/<name>/SKILL.md`).
+pub fn skills_root(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Codex => "/home/sandbox/.codex/skills",
+        Runtime::ClaudeCode | Runtime::Mock => "/home/sandbox/.claude/skills",
+    }
+}
+
+/// The launch of `agent`'s runtime; `gateway` is required for real runtimes (the caller
+/// starts one per VM) and ignored by the mock.
+pub fn launch(
+    agent: &AgentAction,
+    endpoint: &Endpoint,
+    gateway: Option<&GatewayAccess>,
+    output_file: &str,
+    timeout: Option<u64>,
+) -> Result<Launch, String> {
+    let runtime = endpoint.runtime;
+    let base = ExecRequest {
+        workdir: Some(WORKDIR.into()),
+        timeout_secs: timeout,
+        ..ExecRequest::default()
+    };
+    let need_gateway = || {
+        gateway.ok_or_else(|| {
+            format!(
+                "internal: the {} runtime needs its credential gateway",
+                runtime_name(runtime)
+            )
+        })
+    };
+    match runtime {
+        Runtime::Mock => Ok(Launch {
+            request: ExecRequest {
+                program: MOCK_RUNTIME.into(),
+                args: vec![
+                    "-p".into(),
+                    agent.prompt.clone(),
+                    "--output-format".into(),
+                    "stream-json".into(),
+                    "--verbose".into(),
+                    "--skills-dir".into(),
+                    skills_root(runtime).into(),
+                    "--output-file".into(),
+                    output_file.into(),
+                ],
+                env: vec![("HOME".into(), HOME.into())],
+                ..base
+            },
+            files: Vec::new(),
+            format: Format::ClaudeStreamJson,
+            skills_root: skills_root(runtime),
+        }),
+        Runtime::ClaudeCode => {
+            let gw = need_gateway()?;
+            let mut args = vec![
+                "-p".to_string(),
+                agent.prompt.clone(),
+                "--output-format".into(),
+                "stream-json".into(),
+                "--verbose".into(),
+                // The VM is the sandbox: the runtime runs its tools without asking (as uid
+                // 1000, which Claude Code requires for this flag).
+                "--dangerously-skip-permissions".into(),
+            ];
+            if let Some(m) = &endpoint.model {
+                args.extend(["--model".into(), m.clone()]);
+            }
+            Ok(Launch {
+                request: ExecRequest {
+                    program: crate::runtimes::CLAUDE_BIN.into(),
+                    args,
+                    env: vec![
+                        ("HOME".into(), HOME.into()),
+                        ("PATH".into(), path_with(crate::runtimes::CLAUDE_BIN)),
+                        ("ANTHROPIC_BASE_URL".into(), gw.base_url.clone()),
+                        ("ANTHROPIC_API_KEY".into(), gw.token.clone()),
+                        (
+                            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                            "1".into(),
+                        ),
+                        ("DISABLE_AUTOUPDATER".into(), "1".into()),
+                        ("DISABLE_TELEMETRY".into(), "1".into()),
+                        ("DISABLE_ERROR_REPORTING".into(), "1".into()),
+                        ("CLAUDE_CODE_MAX_RETRIES".into(), MAX_RETRIES.to_string()),
+                        ("TMPDIR".into(), "/tmp".into()),
+                    ],
+                    ..base
+                },
+                files: vec![GuestFile {
+                    path: format!("{HOME}/.claude.json"),
+                    // Onboarding answered; Claude Code rewrites this file as it runs.
+                    data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
+                    mode: 0o600,
+                }],
+                format: Format::ClaudeStreamJson,
+                skills_root: skills_root(runtime),
+            })
+        }
+        Runtime::Codex => {
+            let gw = need_gateway()?;
+            let mut args = vec![
+                "exec".to_string(),
+                "--json".into(),
+                "--skip-git-repo-check".into(),
+            ];
+            if let Some(m) = &endpoint.model {
+                args.extend(["-m".into(), m.clone()]);
+            }
+            args.extend(["--".into(), agent.prompt.clone()]);
+            Ok(Launch {
+                request: ExecRequest {
+                    program: crate::runtimes::CODEX_BIN.into(),
+                    args,
+                    env: vec![
+                        ("HOME".into(), HOME.into()),
+                        ("CODEX_HOME".into(), CODEX_HOME.into()),
+                        ("PATH".into(), path_with(crate::runtimes::CODEX_BIN)),
+                        (CODEX_TOKEN_ENV.into(), gw.token.clone()),
+                        ("TMPDIR".into(), "/tmp".into()),
+                    ],
+                    ..base
+                },
+                files: vec![GuestFile {
+                    path: format!("{CODEX_HOME}/config.toml"),
+                    data: codex_config(endpoint.model.as_deref(), &gw.base_url).into_bytes(),
+                    mode: 0o600,
+                }],
+                format: Format::CodexExecJson,
+                skills_root: skills_root(runtime),
+            })
+        }
+    }
+}
+
+/// The runtime's name in messages and reports.
+pub fn runtime_name(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::ClaudeCode => "claude-code",
+        Runtime::Codex => "codex",
+        Runtime::Mock => "mock",
+    }
+}
+
+/// `PATH` with the directory of `bin` first.
+fn path_with(bin: &str) -> String {
+    match bin.rsplit_once('/') {
+        Some((dir, _)) => format!("{dir}:{SYSTEM_PATH}"),
+        None => SYSTEM_PATH.into(),
+    }
+}
+
+/// Codex's `config.toml`: the gateway as its only model provider (Responses API, the token
+/// in [`CODEX_TOKEN_ENV`]), no approvals and no sandbox of its own inside the VM, no
+/// analytics, few retries.
+pub fn codex_config(model: Option<&str>, base_url: &str) -> String {
+    let mut s = String::new();
+    if let Some(m) = model {
+        s.push_str(&format!("model = {}\n", toml_string(m)));
+    }
+    s.push_str(&format!(
+        "model_provider = \"voidbox\"\napproval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n\n[analytics]\nenabled = false\n\n[model_providers.voidbox]\nname = \"voidbox gateway\"\nbase_url = {}\nwire_api = \"responses\"\nenv_key = \"{CODEX_TOKEN_ENV}\"\nrequest_max_retries = {MAX_RETRIES}\nstream_max_retries = {MAX_RETRIES}\n",
+        toml_string(base_url)
+    ));
+    s
+}
+
+/// A TOML basic string (quotes, backslashes and control characters escaped).
+fn toml_string(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\t' => s.push_str("\\t"),
+            '\r' => s.push_str("\\r"),
+            c if c.is_control() => s.push_str(&format!("\\u{:04X}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::model::{Llm, Provider};
+
+    fn agent(prompt: &str) -> AgentAction {
+        AgentAction {
+            prompt: prompt.into(),
+            skills: Vec::new(),
+            llm: Llm {
+                provider: Provider::Custom,
+                model: None,
+                base_url: None,
+                api_key_env: None,
+                credential_proxy: false,
+            },
+            output_file: None,
+            mode: Default::default(),
+        }
+    }
+
+    fn endpoint(runtime: Runtime, model: Option<&str>) -> Endpoint {
+        Endpoint {
+            provider: Provider::Custom,
+            runtime,
+            upstream: Some("http://127.0.0.1:8091/v1".parse().unwrap()),
+            credential: None,
+            model: model.map(String::from),
+            local: true,
+        }
+    }
+
+    fn gw() -> GatewayAccess {
+        GatewayAccess {
+            base_url: "http://10.0.2.2:4321/v1".into(),
+            token: "vbx-placeholder".into(),
+        }
+    }
+
+    #[test]
+    fn claude_code_talks_to_the_gateway_with_the_placeholder() {
+        let l = launch(
+            &agent("-do it"),
+            &endpoint(Runtime::ClaudeCode, Some("gemma")),
+            Some(&gw()),
+            "/workspace/output.json",
+            Some(60),
+        )
+        .unwrap();
+        assert_eq!(l.request.program, crate::runtimes::CLAUDE_BIN);
+        assert_eq!(&l.request.args[..2], ["-p", "-do it"]);
+        assert!(l
+            .request
+            .args
+            .ends_with(&["--model".into(), "gemma".into()]));
+        let env = |k: &str| {
+            l.request
+                .env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(env("ANTHROPIC_BASE_URL"), Some("http://10.0.2.2:4321/v1"));
+        assert_eq!(env("ANTHROPIC_API_KEY"), Some("vbx-placeholder"));
+        assert_eq!(env("HOME"), Some(HOME));
+        assert!(env("PATH")
+            .unwrap()
+            .starts_with("/opt/voidbox/runtimes/npm/claude/bin:"));
+        assert_eq!(l.request.workdir.as_deref(), Some(WORKDIR));
+        assert_eq!(l.format, Format::ClaudeStreamJson);
+        assert_eq!(l.files[0].path, "/home/sandbox/.claude.json");
+        assert_eq!(l.skills_root, "/home/sandbox/.claude/skills");
+    }
+
+    #[test]
+    fn codex_gets_a_config_naming_the_gateway() {
+        let l = launch(
+            &agent("--help"),
+            &endpoint(Runtime::Codex, Some("m\"x")),
+            Some(&gw()),
+            "/workspace/output.json",
+            None,
+        )
+        .unwrap();
+        assert_eq!(l.request.program, crate::runtimes::CODEX_BIN);
+        // A prompt that looks like a flag stays the prompt.
+        assert_eq!(l.request.args[l.request.args.len() - 2..], ["--", "--help"]);
+        let cfg = String::from_utf8(l.files[0].data.clone()).unwrap();
+        assert!(cfg.contains("model = \"m\\\"x\"\n"), "{cfg}");
+        assert!(
+            cfg.contains("base_url = \"http://10.0.2.2:4321/v1\""),
+            "{cfg}"
+        );
+        assert!(cfg.contains("wire_api = \"responses\""), "{cfg}");
+        assert!(cfg.contains("env_key = \"VOIDBOX_GATEWAY_TOKEN\""), "{cfg}");
+        assert!(
+            !cfg.contains("vbx-placeholder"),
+            "the token is in the environment only"
+        );
+        assert!(l
+            .request
+            .env
+            .contains(&(CODEX_TOKEN_ENV.into(), "vbx-placeholder".into())));
+        assert_eq!(l.format, Format::CodexExecJson);
+        assert_eq!(l.skills_root, "/home/sandbox/.codex/skills");
+    }
+
+    #[test]
+    fn real_runtimes_need_a_gateway_and_the_mock_does_not() {
+        let e = launch(
+            &agent("x"),
+            &endpoint(Runtime::Codex, None),
+            None,
+            "/workspace/o",
+            None,
+        )
+        .unwrap_err();
+        assert!(e.contains("gateway"), "{e}");
+        let l = launch(
+            &agent("x"),
+            &endpoint(Runtime::Mock, None),
+            None,
+            "/workspace/o",
+            None,
+        )
+        .unwrap();
+        assert_eq!(l.request.program, MOCK_RUNTIME);
+        assert!(l.files.is_empty());
+    }
+
+    #[test]
+    fn toml_strings_are_escaped() {
+        assert_eq!(toml_string("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
+    }
+}

@@ -1,0 +1,111 @@
+//! What goes onto the runtimes disk: the pinned npm packages (name, version, the integrity
+//! their tarball must hash to, the entries taken from it) and Debian's musl loader.
+
+use std::path::PathBuf;
+
+/// npm package carrying Claude Code's native musl build.
+pub const CLAUDE_PACKAGE: &str = "@anthropic-ai/claude-code-linux-x64-musl";
+/// Its pinned version.
+pub const CLAUDE_VERSION: &str = "2.1.330";
+/// The pinned npm integrity of its tarball.
+pub const CLAUDE_INTEGRITY: &str = "sha512-OnduSSPY1b59FA8jTbq20Y1XkDUV0S1OVyvYBNslEbpX79P81JF7Ih4lgYvDKiFnnSv75z4Kv6qLE5DQqogYXA==";
+
+/// npm package carrying Codex's static musl build (a platform build of `@openai/codex`).
+pub const CODEX_PACKAGE: &str = "@openai/codex";
+/// Its pinned version (the `linux-x64` platform build).
+pub const CODEX_VERSION: &str = "0.169.0-linux-x64";
+/// The pinned npm integrity of its tarball.
+pub const CODEX_INTEGRITY: &str = "sha512-o05NyAOCDygSPRo1yinzxvkRSdmsZyBD9E7mbpmjRanSfM8lypqWtQgEo4XfNkwhuCR2aFu8mlGOsQGFXVbVww==";
+
+/// Debian package whose `libc.so` is the musl dynamic loader.
+pub const MUSL_PACKAGE: &str = "musl";
+/// Where Debian's `musl` installs it.
+pub const MUSL_LIBC: &str = "/usr/lib/x86_64-linux-musl/libc.so";
+
+/// Disk path of the musl loader (relative to the mount point).
+pub const LOADER_PATH: &str = "lib/ld-musl-x86_64.so.1";
+/// Disk path of Claude Code.
+pub const CLAUDE_PATH: &str = "claude/bin/claude";
+/// Disk path of Codex.
+pub const CODEX_PATH: &str = "codex/bin/codex";
+/// Disk path of ripgrep (Codex's search tool, next to it so one `PATH` entry finds both).
+pub const RG_PATH: &str = "codex/bin/rg";
+
+/// One npm package to ship.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Package {
+    /// npm name (`@scope/name`).
+    pub name: String,
+    /// Exact version.
+    pub version: String,
+    /// The `sha512-<base64>` integrity its tarball must have.
+    pub integrity: String,
+    /// The tarball entries shipped, and where they go on the disk.
+    pub files: Vec<Ship>,
+}
+
+/// One tarball entry shipped on the disk (as an executable, mode 0555).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ship {
+    /// Path inside the tarball (`package/…`).
+    pub source: String,
+    /// Path on the disk, relative to its root.
+    pub dest: String,
+}
+
+impl Package {
+    /// `name@version`.
+    pub fn id(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+}
+
+/// Where the musl loader comes from on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MuslSource {
+    /// The file (Debian: [`MUSL_LIBC`]).
+    pub path: PathBuf,
+    /// Debian version of the `musl` package.
+    pub version: String,
+}
+
+fn ship(source: &str, dest: &str) -> Ship {
+    Ship {
+        source: source.to_string(),
+        dest: dest.to_string(),
+    }
+}
+
+/// The pinned packages.
+pub(crate) fn pinned() -> Vec<Package> {
+    const CODEX_VENDOR: &str = "package/vendor/x86_64-unknown-linux-musl";
+    vec![
+        Package {
+            name: CLAUDE_PACKAGE.into(),
+            version: CLAUDE_VERSION.into(),
+            integrity: CLAUDE_INTEGRITY.into(),
+            files: vec![ship("package/claude", CLAUDE_PATH)],
+        },
+        Package {
+            name: CODEX_PACKAGE.into(),
+            version: CODEX_VERSION.into(),
+            integrity: CODEX_INTEGRITY.into(),
+            files: vec![
+                ship(&format!("{CODEX_VENDOR}/bin/codex"), CODEX_PATH),
+                ship(&format!("{CODEX_VENDOR}/codex-path/rg"), RG_PATH),
+            ],
+        },
+    ]
+}
+
+/// Debian's musl loader, or why it is not there.
+pub(crate) fn host_musl() -> Result<MuslSource, String> {
+    let hint = format!("install Debian's {MUSL_PACKAGE}: apt-get install {MUSL_PACKAGE}");
+    let version = crate::image::deps::installed_version(MUSL_PACKAGE)
+        .ok_or_else(|| format!("the musl loader for Claude Code is missing ({hint})"))?;
+    let path = PathBuf::from(MUSL_LIBC);
+    if !path.is_file() {
+        return Err(format!("{MUSL_LIBC} is missing ({hint})"));
+    }
+    Ok(MuslSource { path, version })
+}
