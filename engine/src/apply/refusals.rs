@@ -375,15 +375,12 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
         let refuse = match &s.kind {
             NodeKind::Str(text) => match parse_skill(text) {
                 Ok(SkillRef::Remote(_)) => Some("`remote:` skills cannot be fetched yet"),
-                Ok(SkillRef::Mcp(_)) => Some("`mcp:` skills (MCP servers) are not provided yet"),
+                Ok(SkillRef::Mcp(_)) => Some(super::runtime::MCP_NAME_ONLY),
                 Ok(SkillRef::Agent(name)) if !crate::validate::runtimes::is_known(name) => {
                     Some("this `agent:` runtime is unknown (known: `claude-code`, `codex`)")
                 }
                 _ => None,
             },
-            NodeKind::Map(_) if s.get("mcp").is_some() => {
-                Some("MCP server skills are not provided yet")
-            }
             _ => None,
         };
         if let Some(why) = refuse {

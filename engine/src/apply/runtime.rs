@@ -15,6 +15,7 @@ use super::refusals::NodeField;
 use crate::agent_output::Format;
 use crate::plan::{Action, AgentAction, Plan};
 use crate::providers::{Endpoint, Runtime};
+use crate::spec::model::{McpSkill, SkillEntry};
 
 /// The sandbox user's home (uid 1000 owns it).
 pub const HOME: &str = "/home/sandbox";
@@ -26,6 +27,10 @@ pub const CODEX_HOME: &str = "/home/sandbox/.codex";
 pub const CODEX_TOKEN_ENV: &str = "VOIDBOX_GATEWAY_TOKEN";
 /// Retries a runtime makes on a failed model request (their defaults retry for minutes).
 pub const MAX_RETRIES: u32 = 2;
+/// Claude Code's MCP configuration (`--mcp-config`), written per VM.
+pub const CLAUDE_MCP_CONFIG: &str = "/home/sandbox/.voidbox/mcp.json";
+/// Why `mcp:NAME` alone cannot run: nothing says how to start the server in the guest.
+pub const MCP_NAME_ONLY: &str = "`mcp:NAME` names an MCP server without saying how to start it in the guest; give it as `{mcp: NAME, command: PROGRAM, args: [...], env: {...}}` with a program the VM has (the guest image, a `file:` skill's script, or an OCI skill)";
 /// `PATH` of the runtimes: their own directory first, then the system's.
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
@@ -71,6 +76,19 @@ pub fn endpoints(
                 continue;
             }
         };
+        if e.runtime == Runtime::Mock {
+            if let Some(i) = a
+                .skills
+                .iter()
+                .position(|s| matches!(s, SkillEntry::Mcp(_)))
+            {
+                failures.push(fail(
+                    NodeField::Skill(i),
+                    "the mock runtime starts no MCP servers".into(),
+                    "use a real runtime (`provider: claude`, `codex`, …) for MCP server skills",
+                ));
+            }
+        }
         if e.runtime != Runtime::Mock && n.sandbox.image.is_some() {
             failures.push(fail(
                 NodeField::Sandbox("image"),
@@ -202,6 +220,26 @@ pub fn launch(
             if let Some(m) = &endpoint.model {
                 args.extend(["--model".into(), m.clone()]);
             }
+            let mut files = vec![GuestFile {
+                path: format!("{HOME}/.claude.json"),
+                // Onboarding answered; Claude Code rewrites this file as it runs.
+                data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
+                mode: 0o600,
+            }];
+            let servers = mcp_servers(agent);
+            if !servers.is_empty() {
+                // Only the spec's servers: none from elsewhere in the guest.
+                args.extend([
+                    "--mcp-config".into(),
+                    CLAUDE_MCP_CONFIG.into(),
+                    "--strict-mcp-config".into(),
+                ]);
+                files.push(GuestFile {
+                    path: CLAUDE_MCP_CONFIG.into(),
+                    data: claude_mcp_config(&servers).into_bytes(),
+                    mode: 0o600,
+                });
+            }
             Ok(Launch {
                 request: ExecRequest {
                     program: crate::runtimes::CLAUDE_BIN.into(),
@@ -223,12 +261,7 @@ pub fn launch(
                     ],
                     ..base
                 },
-                files: vec![GuestFile {
-                    path: format!("{HOME}/.claude.json"),
-                    // Onboarding answered; Claude Code rewrites this file as it runs.
-                    data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
-                    mode: 0o600,
-                }],
+                files,
                 format: Format::ClaudeStreamJson,
                 skills_root: skills_root(runtime),
             })
@@ -259,7 +292,12 @@ pub fn launch(
                 },
                 files: vec![GuestFile {
                     path: format!("{CODEX_HOME}/config.toml"),
-                    data: codex_config(endpoint.model.as_deref(), &gw.base_url).into_bytes(),
+                    data: codex_config(
+                        endpoint.model.as_deref(),
+                        &gw.base_url,
+                        &mcp_servers(agent),
+                    )
+                    .into_bytes(),
                     mode: 0o600,
                 }],
                 format: Format::CodexExecJson,
@@ -289,7 +327,7 @@ fn path_with(bin: &str) -> String {
 /// Codex's `config.toml`: the gateway as its only model provider (Responses API, the token
 /// in [`CODEX_TOKEN_ENV`]), no approvals and no sandbox of its own inside the VM, no
 /// analytics, few retries.
-pub fn codex_config(model: Option<&str>, base_url: &str) -> String {
+pub fn codex_config(model: Option<&str>, base_url: &str, mcp: &[&McpSkill]) -> String {
     let mut s = String::new();
     if let Some(m) = model {
         s.push_str(&format!("model = {}\n", toml_string(m)));
@@ -298,7 +336,58 @@ pub fn codex_config(model: Option<&str>, base_url: &str) -> String {
         "model_provider = \"voidbox\"\napproval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n\n[analytics]\nenabled = false\n\n[model_providers.voidbox]\nname = \"voidbox gateway\"\nbase_url = {}\nwire_api = \"responses\"\nenv_key = \"{CODEX_TOKEN_ENV}\"\nrequest_max_retries = {MAX_RETRIES}\nstream_max_retries = {MAX_RETRIES}\n",
         toml_string(base_url)
     ));
+    for m in mcp {
+        s.push_str(&format!(
+            "\n[mcp_servers.{}]\ncommand = {}\nargs = [{}]\n",
+            toml_string(&m.mcp),
+            toml_string(&m.command),
+            m.args
+                .iter()
+                .map(|a| toml_string(a))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        if !m.env.is_empty() {
+            let env: Vec<String> = m
+                .env
+                .iter()
+                .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
+                .collect();
+            s.push_str(&format!("env = {{ {} }}\n", env.join(", ")));
+        }
+    }
     s
+}
+
+/// The agent's MCP server skills, in spec order.
+fn mcp_servers(agent: &AgentAction) -> Vec<&McpSkill> {
+    agent
+        .skills
+        .iter()
+        .filter_map(|s| match s {
+            SkillEntry::Mcp(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Claude Code's `--mcp-config` file: every server on stdio.
+pub fn claude_mcp_config(mcp: &[&McpSkill]) -> String {
+    let servers: serde_json::Map<String, serde_json::Value> = mcp
+        .iter()
+        .map(|m| {
+            (
+                m.mcp.clone(),
+                serde_json::json!({
+                    "type": "stdio",
+                    "command": m.command,
+                    "args": m.args,
+                    "env": m.env,
+                }),
+            )
+        })
+        .collect();
+    serde_json::json!({ "mcpServers": servers }).to_string()
 }
 
 /// A TOML basic string (quotes, backslashes and control characters escaped).
@@ -448,6 +537,64 @@ mod tests {
         .unwrap();
         assert_eq!(l.request.program, MOCK_RUNTIME);
         assert!(l.files.is_empty());
+    }
+
+    #[test]
+    fn mcp_servers_reach_both_runtimes_configs() {
+        let mut a = agent("x");
+        a.skills = vec![
+            SkillEntry::Simple("file:s".into()),
+            SkillEntry::Mcp(McpSkill {
+                mcp: "echo".into(),
+                command: "/home/sandbox/.claude/skills/echo/scripts/server.sh".into(),
+                args: vec!["--stdio".into()],
+                env: [("LEVEL".to_string(), "1".to_string())].into(),
+            }),
+        ];
+        let l = launch(
+            &a,
+            &endpoint(Runtime::ClaudeCode, None),
+            Some(&gw()),
+            "/workspace/o",
+            None,
+        )
+        .unwrap();
+        let i = l
+            .request
+            .args
+            .iter()
+            .position(|x| x == "--mcp-config")
+            .unwrap();
+        assert_eq!(l.request.args[i + 1], CLAUDE_MCP_CONFIG);
+        assert_eq!(l.request.args[i + 2], "--strict-mcp-config");
+        let cfg: serde_json::Value = serde_json::from_slice(&l.files[1].data).unwrap();
+        assert_eq!(
+            cfg["mcpServers"]["echo"],
+            serde_json::json!({"type": "stdio", "command": "/home/sandbox/.claude/skills/echo/scripts/server.sh", "args": ["--stdio"], "env": {"LEVEL": "1"}})
+        );
+        let l = launch(
+            &a,
+            &endpoint(Runtime::Codex, None),
+            Some(&gw()),
+            "/workspace/o",
+            None,
+        )
+        .unwrap();
+        let cfg = String::from_utf8(l.files[0].data.clone()).unwrap();
+        assert!(
+            cfg.contains("\n[mcp_servers.\"echo\"]\ncommand = \"/home/sandbox/.claude/skills/echo/scripts/server.sh\"\nargs = [\"--stdio\"]\nenv = { \"LEVEL\" = \"1\" }\n"),
+            "{cfg}"
+        );
+        // Without MCP servers Claude Code gets no MCP flags.
+        let l = launch(
+            &agent("x"),
+            &endpoint(Runtime::ClaudeCode, None),
+            Some(&gw()),
+            "/workspace/o",
+            None,
+        )
+        .unwrap();
+        assert!(!l.request.args.iter().any(|x| x == "--mcp-config"));
     }
 
     #[test]

@@ -57,15 +57,14 @@ pub(super) fn build(
                     return Err(err("`remote:` skills cannot be fetched yet".into()))
                 }
                 Ok(SkillRef::Mcp(_)) => {
-                    return Err(err(
-                        "`mcp:` skills (MCP servers) are not provided yet".into()
-                    ))
+                    return Err(err(crate::apply::runtime::MCP_NAME_ONLY.into()))
                 }
                 Err((why, _)) => return Err(err(why)),
             },
             // Attached as its own disk (`crate::apply::images`), not a kit file.
             SkillEntry::Oci(_) => {}
-            SkillEntry::Mcp(_) => return Err(err("MCP server skills are not provided yet".into())),
+            // Started by the runtime from its MCP configuration (`crate::apply::runtime`).
+            SkillEntry::Mcp(_) => {}
         }
     }
     Ok(st.kit)

@@ -156,7 +156,7 @@ fn missing_dirs_without_skill_md_duplicates_and_unsupported_kinds_are_errors() {
         err(&[simple("file:a/sum"), simple("file:b/sum")]).contains("a second skill named `sum`")
     );
     assert!(err(&[simple("remote:o/r/s")]).contains("cannot be fetched yet"));
-    assert!(err(&[simple("mcp:github")]).contains("not provided yet"));
+    assert!(err(&[simple("mcp:github")]).contains("without saying how to start it"));
 }
 
 #[test]

@@ -52,9 +52,19 @@ impl VmmLauncher {
                 if let Some(p) = std::env::var_os(VMM_ENV) {
                     return Ok(Command::new(p));
                 }
-                let exe = std::env::current_exe().map_err(|e| {
-                    SandboxError::Environment(format!("cannot locate the voidbox executable: {e}"))
-                })?;
+                // This very executable, even when its file was replaced or removed since it
+                // started (an upgrade, or a rebuild, during a run): the forked child execs
+                // `/proc/self/exe`, its parent's inode. Elsewhere: the path it was run from.
+                let proc_exe = Path::new("/proc/self/exe");
+                let exe = if proc_exe.exists() {
+                    proc_exe.to_path_buf()
+                } else {
+                    std::env::current_exe().map_err(|e| {
+                        SandboxError::Environment(format!(
+                            "cannot locate the voidbox executable: {e}"
+                        ))
+                    })?
+                };
                 let mut c = Command::new(exe);
                 c.arg(VMM_SUBCOMMAND);
                 Ok(c)

@@ -377,8 +377,8 @@ pub struct Llm {
     /// Name of the host environment variable that holds the API key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
-    /// void-box's host-side key injection: the guest never sees the API key, a host proxy
-    /// adds it. Accepted; `apply` refuses it until real agent runtimes land.
+    /// void-box's opt-in host-side key injection. In voidbox it is always on, whatever this
+    /// says: the guest never sees the API key, the node's credential gateway adds it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub credential_proxy: bool,
 }
