@@ -5,8 +5,12 @@
 #   2. a release build of `voidbox`,
 #   3. the guest image (kernel + read-only system disk; built from Debian packages on first use and
 #      cached under ~/.cache/voidbox/images — the first build takes several minutes),
-#   4. `cargo test --workspace` (host tests, end-to-end CLI tests and real-VM tests).
-# VM tests fail loudly without /dev/kvm unless VOIDBOX_SKIP_VM_TESTS=1.
+#   4. `cargo test --workspace` (host tests, end-to-end CLI tests and real-VM tests),
+#   5. the real agent runtimes against a real local model: scripts/local-model.sh builds (first
+#      time ~5-8 min, cached under ~/.cache/voidbox/local-model) and starts llama-server with
+#      Gemma 3 270M on 127.0.0.1:8091, then `voidbox apply examples/agents-local.yaml` runs a
+#      Claude Code box and a Codex box in VMs and merges their replies (checked below).
+# VM tests fail loudly without /dev/kvm unless VOIDBOX_SKIP_VM_TESTS=1, which also skips 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,3 +46,47 @@ fi
 
 echo "==> cargo test"
 cargo test --workspace --release
+
+if [ "${VOIDBOX_SKIP_VM_TESTS:-0}" = "1" ]; then
+  echo "==> agents example skipped (VOIDBOX_SKIP_VM_TESTS=1)"
+  exit 0
+fi
+
+echo "==> local model (llama-server + Gemma 3 270M; built once, cached)"
+./scripts/local-model.sh build
+# Stop the server on exit only if this script started it (a developer's own stays up).
+started_model=0
+./scripts/local-model.sh status >/dev/null 2>&1 || started_model=1
+report="$(mktemp)"
+cleanup() {
+  rm -f "$report"
+  if [ "$started_model" = 1 ]; then ./scripts/local-model.sh stop; fi
+}
+trap cleanup EXIT
+./scripts/local-model.sh start 8091 # a no-op when it already runs on 8091
+
+echo "==> examples/agents-local.yaml: Claude Code and Codex in VMs against the local model"
+rc=0
+target/release/voidbox apply --output json examples/agents-local.yaml >"$report" || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "voidbox apply examples/agents-local.yaml exited $rc; report:" >&2
+  cat "$report" >&2
+  exit 1
+fi
+python3 - "$report" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "succeeded", f"run status {r['status']}"
+out = r["output"]
+assert isinstance(out, list) and len(out) == 2, f"merged output is not two results: {out!r}"
+assert all(isinstance(s, str) and s.strip() for s in out), f"an empty result: {out!r}"
+nodes = {n["name"]: n for n in r["nodes"]}
+for name, runtime in (("claude", "claude-code"), ("codex", "codex")):
+    n = nodes[name]
+    assert n["status"] == "succeeded", f"{name}: {n['status']} {n['error']}"
+    assert n["agent"]["runtime"] == runtime, f"{name}: runtime {n['agent']['runtime']}"
+    assert n["gateway"]["requests"] >= 1, f"{name}: no model request went through the gateway"
+    print(f"{name} ({runtime}): {n['agent']['result']!r} in {n['duration_ms'] / 1000:.0f} s, "
+          f"{n['gateway']['requests']} model request(s)")
+print(f"merged: {json.dumps(out)}")
+PY

@@ -442,6 +442,12 @@ fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snaps
     };
     let mut r = refusals::check_spec(plan, src);
     if r.is_empty() {
+        // A provider, key or login that cannot work here (as `apply` would refuse it).
+        if let Err(f) = crate::apply::runtime::endpoints(plan, &|k| std::env::var(k).ok()) {
+            r = crate::apply::runtime::endpoint_refusals(plan, src, f);
+        }
+    }
+    if r.is_empty() {
         match crate::sandbox::GuestImage::cached() {
             Ok(Some(image)) => r = crate::apply::image_refusals(plan, src, &image, snapshots),
             _ => eprintln!(

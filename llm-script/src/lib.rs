@@ -23,7 +23,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 pub use script::{Script, Turn, Usage};
-pub use server::Recorded;
+pub use server::{Hook, Recorded};
 
 /// A running scripted server; it stops when dropped.
 pub struct Server {
@@ -52,10 +52,39 @@ impl Server {
         script: Script,
         record_to: Option<std::fs::File>,
     ) -> std::io::Result<Server> {
+        Server::bind_with_hook(addr, script, record_to, None)
+    }
+
+    /// Starts a server for `script` on a free port of 127.0.0.1 that calls `hook` with every
+    /// request it receives (its [`Recorded`] complete: position, turn, status) after the
+    /// answer is decided and before it is sent. The hook runs on a blocking thread: while it
+    /// runs, that client waits for its answer (a test can inspect the client's state
+    /// mid-conversation); other connections are served meanwhile.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound or no thread started (a broken test host).
+    pub fn start_with_hook(
+        script: Script,
+        hook: impl Fn(&Recorded) + Send + Sync + 'static,
+    ) -> Server {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        match Server::bind_with_hook(addr, script, None, Some(Arc::new(hook))) {
+            Ok(s) => s,
+            Err(e) => panic!("voidbox-llm-script: cannot start on loopback: {e}"),
+        }
+    }
+
+    /// [`Server::bind`] with an optional [`Hook`] (see [`Server::start_with_hook`]).
+    pub fn bind_with_hook(
+        addr: SocketAddr,
+        script: Script,
+        record_to: Option<std::fs::File>,
+        hook: Option<Hook>,
+    ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(server::State::new(script, record_to));
+        let state = Arc::new(server::State::new(script, record_to, hook));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

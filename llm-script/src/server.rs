@@ -85,6 +85,10 @@ fn walk_strings(v: &Value, f: &mut impl FnMut(&str)) {
     }
 }
 
+/// A function called with every request just before its answer is sent (see
+/// [`crate::Server::start_with_hook`]).
+pub type Hook = Arc<dyn Fn(&Recorded) + Send + Sync>;
+
 /// State shared by the connections.
 pub(crate) struct State {
     script: Script,
@@ -92,6 +96,7 @@ pub(crate) struct State {
     requests: Mutex<Vec<Recorded>>,
     seq: AtomicU64,
     record_to: Option<Mutex<std::fs::File>>,
+    hook: Option<Hook>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,7 +104,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl State {
-    pub(crate) fn new(script: Script, record_to: Option<std::fs::File>) -> State {
+    pub(crate) fn new(
+        script: Script,
+        record_to: Option<std::fs::File>,
+        hook: Option<Hook>,
+    ) -> State {
         let n = script.turns.len();
         State {
             script,
@@ -107,6 +116,7 @@ impl State {
             requests: Mutex::new(Vec::new()),
             seq: AtomicU64::new(1),
             record_to: record_to.map(Mutex::new),
+            hook,
         }
     }
 
@@ -250,6 +260,7 @@ pub(crate) async fn handle(
                 413,
                 &json!({"error": {"message": "request body too large"}}),
             );
+            let rec = run_hook(&state, rec).await;
             state.record(rec);
             return Ok(r);
         }
@@ -270,8 +281,28 @@ pub(crate) async fn handle(
         ),
     };
     rec.status = resp.status().as_u16();
+    let rec = run_hook(&state, rec).await;
     state.record(rec);
     Ok(resp)
+}
+
+/// Calls the hook, if any, with `rec` on a blocking thread (a slow hook holds back this
+/// answer only, not other connections), and gives `rec` back.
+async fn run_hook(state: &Arc<State>, rec: Recorded) -> Recorded {
+    let Some(hook) = state.hook.clone() else {
+        return rec;
+    };
+    let copy = rec.clone();
+    // A hook that panics loses nothing of the record: the copy is kept.
+    match tokio::task::spawn_blocking(move || {
+        hook(&rec);
+        rec
+    })
+    .await
+    {
+        Ok(rec) => rec,
+        Err(_) => copy,
+    }
 }
 
 fn model_call(state: &State, rec: &mut Recorded, api: Api, seq: u64) -> Response<Frames> {

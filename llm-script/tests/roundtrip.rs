@@ -550,3 +550,75 @@ fn the_bin_serves_a_script_file_and_records() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn the_hook_sees_each_request_before_its_answer_without_holding_others() {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// What the hook saw: position, turn, status, when.
+    type Seen = (Option<usize>, Option<usize>, u16, Instant);
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let (tx, rx) = mpsc::channel::<()>();
+    let (tx, rx) = (Mutex::new(tx), Mutex::new(rx));
+    let log = seen.clone();
+    let server = Server::start_with_hook(
+        Script {
+            expect_key: Some("sk-real".into()),
+            ..Script::new([Turn::shell("echo x"), Turn::text("done")])
+        },
+        move |r: &voidbox_llm_script::Recorded| {
+            // The first conversation's hook waits until the second one's hook has run: a
+            // server that ran hooks in line would never get there.
+            let entry = || (r.position, r.turn, r.status, Instant::now());
+            if r.position == Some(0) {
+                let released = rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(20))
+                    .is_ok();
+                assert!(released, "the hook of the first request was never released");
+                log.lock().unwrap().push(entry());
+            } else {
+                log.lock().unwrap().push(entry());
+                let _ = tx.lock().unwrap().send(());
+            }
+        },
+    );
+    let port = server.port();
+    let msg = |n: usize| {
+        let mut m = vec![json!({"role": "user", "content": "go"})];
+        for _ in 0..n {
+            m.push(json!({"role": "assistant", "content": "ok"}));
+            m.push(json!({"role": "user", "content": "next"}));
+        }
+        json!({"model": "m", "messages": m})
+    };
+    let first = tokio::spawn(async move {
+        let a = post(port, "/v1/messages", "sk-real", &msg(0)).await;
+        (a, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = post(port, "/v1/messages", "sk-real", &msg(1)).await;
+    let (first, first_at) = first.await.unwrap();
+    assert_eq!((first.status, second.status), (200, 200));
+    assert_eq!(first.json()["content"][0]["name"], "Bash");
+    assert_eq!(second.json()["content"][0]["text"], "done");
+    // A refused key reaches the hook too.
+    let refused = post(port, "/v1/messages", "wrong", &msg(1)).await;
+    assert_eq!(refused.status, 401);
+    let seen = seen.lock().unwrap().clone();
+    let summary: Vec<_> = seen.iter().map(|(p, t, s, _)| (*p, *t, *s)).collect();
+    assert_eq!(
+        summary,
+        [
+            (Some(1), Some(1), 200),
+            (Some(0), Some(0), 200),
+            (Some(1), None, 401)
+        ]
+    );
+    // The first answer was sent only after its hook returned.
+    assert!(seen[1].3 <= first_at);
+    assert_eq!(server.requests().len(), 3);
+}

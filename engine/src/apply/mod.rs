@@ -152,10 +152,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         Err(failures) => {
             match &opts.spec {
                 Some(src) => {
-                    let r: Vec<refusals::Refusal> = failures
-                        .into_iter()
-                        .map(|f| refusals::locate(&plan, src, &f.node, f.field, f.message, f.help))
-                        .collect();
+                    let r = runtime::endpoint_refusals(&plan, src, failures);
                     eprint!("{}", refusals::render(src, &r));
                 }
                 None => {

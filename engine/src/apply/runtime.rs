@@ -124,6 +124,18 @@ pub fn endpoints(
     }
 }
 
+/// [`endpoints`]' failures as located refusals of the spec `src`.
+pub fn endpoint_refusals(
+    plan: &Plan,
+    src: &super::refusals::SpecSource,
+    failures: Vec<EndpointFailure>,
+) -> Vec<super::refusals::Refusal> {
+    failures
+        .into_iter()
+        .map(|f| super::refusals::locate(plan, src, &f.node, f.field, f.message, f.help))
+        .collect()
+}
+
 /// Whether any endpoint needs the runtimes disk (a real runtime).
 pub fn needs_runtimes(endpoints: &HashMap<String, Endpoint>) -> bool {
     endpoints.values().any(|e| e.runtime != Runtime::Mock)

@@ -40,8 +40,29 @@ pub enum VmmLauncher {
     },
 }
 
+/// The only variables a VMM process inherits: it needs none of the rest, and the rest may
+/// hold secrets (an LLM API key for the credential gateway, registry credentials).
+const VMM_ENV_KEEP: [&str; 5] = [
+    "PATH",
+    "VOIDBOX_VMM_LOG",
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+    "TZ",
+];
+
 impl VmmLauncher {
     fn command(&self) -> Result<Command, SandboxError> {
+        let mut c = self.program()?;
+        c.env_clear();
+        for k in VMM_ENV_KEEP {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
+        Ok(c)
+    }
+
+    fn program(&self) -> Result<Command, SandboxError> {
         match self {
             VmmLauncher::Program { path, args } => {
                 let mut c = Command::new(path);
