@@ -40,6 +40,11 @@ fn fake_vmlinux() -> Vec<u8> {
 
 /// Writes a complete image into `root/images/<hash>` and returns the hash.
 fn put_image(root: &Path, agent: &[u8]) -> String {
+    put_image_built_by(root, agent, recipe::BUILDER_VERSION)
+}
+
+/// [`put_image`] as made by image builder `builder_version`.
+fn put_image_built_by(root: &Path, agent: &[u8], builder_version: u32) -> String {
     let applets: Vec<String> = voidbox::image::recipe::REQUIRED_APPLETS
         .iter()
         .map(|a| format!("bin/{a}"))
@@ -47,7 +52,7 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
     let tree = layout::build(agent, b"\x7fELFbusybox", &applets).unwrap();
     let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
     let kin = KernelInputs {
-        builder_version: 1,
+        builder_version,
         profile: Profile::Compat,
         source_package: "linux-source-6.1 test".into(),
         compiler: "gcc test".into(),
@@ -56,7 +61,7 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
         patches: vec![],
     };
     let inputs = ImageInputs {
-        builder_version: 1,
+        builder_version,
         kernel_inputs_hash: content_hash(&kin),
         guest_agent_sha256: sha256_hex(agent),
         mock_llm_sha256: None,
@@ -128,6 +133,27 @@ fn voidbox(root: &Path, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+#[test]
+fn images_of_an_older_builder_are_stale_unless_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let a = put_image_built_by(root, b"\x7fELFagent-old", recipe::BUILDER_VERSION - 1);
+    // Verifying everything lists it as stale (unused, not corrupt) and passes.
+    let (code, out, err) = voidbox(root, &["verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "stale {}: made by an older image builder",
+            &a[..12]
+        )),
+        "{out}"
+    );
+    // Named, it is verified in full (here its files are intact: it passes, not called stale).
+    let (code, out, err) = voidbox(root, &["verify", &a]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with(&format!("ok {}", &a[..12])), "{out}");
 }
 
 #[test]
