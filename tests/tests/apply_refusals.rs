@@ -17,6 +17,12 @@ fn run(home: &Path, args: &[&str]) -> Run {
         .env("NO_COLOR", "1")
         .env("XDG_STATE_HOME", home.join("state"))
         .env("TMPDIR", home.join("tmp"))
+        // Providers resolve keys from the environment: none here, whatever the host has.
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("VOIDBOX_LLM_PROVIDER")
+        .env_remove("VOIDBOX_LLM_API_KEY_ENV")
+        .env_remove("VOIDBOX_LLM_BASE_URL")
         .output()
         .expect("run voidbox")
         .into()
