@@ -42,8 +42,10 @@ pub enum VmmLauncher {
 
 /// The only variables a VMM process inherits: it needs none of the rest, and the rest may
 /// hold secrets (an LLM API key for the credential gateway, registry credentials).
-const VMM_ENV_KEEP: [&str; 5] = [
+/// `VOIDBOX_TEST_TAG` labels processes so the test suite can find leaked VMMs.
+const VMM_ENV_KEEP: [&str; 6] = [
     "PATH",
+    "VOIDBOX_TEST_TAG",
     "VOIDBOX_VMM_LOG",
     "RUST_BACKTRACE",
     "RUST_LIB_BACKTRACE",
