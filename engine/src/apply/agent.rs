@@ -62,7 +62,8 @@ pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
         input_tokens: outcome.input_tokens,
         output_tokens: outcome.output_tokens,
         cached_tokens: outcome.cached_tokens,
-        cost_usd: if endpoint.local {
+        // The mock's made-up cost stays (it stands in for a paid model in tests and demos).
+        cost_usd: if endpoint.local && endpoint.runtime != crate::providers::Runtime::Mock {
             0.0
         } else {
             outcome.cost_usd
