@@ -135,6 +135,7 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
             logs_dir: logs.to_path_buf(),
             runtime_dir: None,
             spec_dir: ".".into(),
+            remotes: Default::default(),
             kill_children_on_abort: false,
             snapshots: voidbox::snapshot::Snapshots::new(
                 true,

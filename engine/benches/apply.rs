@@ -137,6 +137,7 @@ fn part2() {
         logs_dir: logs.path().to_path_buf(),
         runtime_dir: None,
         spec_dir: ".".into(),
+        remotes: Default::default(),
         kill_children_on_abort: false,
         snapshots: voidbox::snapshot::Snapshots::new(
             false,

@@ -160,7 +160,7 @@ pub fn main() -> ExitCode {
         }
         Command::Apply(args) => apply_cmd(&args),
         Command::Skills(args) => match load_plan(&args.file, 1) {
-            Ok(plan) => crate::kit::cli::skills_cmd(&plan, &args),
+            Ok(mut plan) => crate::kit::cli::skills_cmd(&mut plan, &args),
             Err(code) => code,
         },
         Command::Image(cmd) => crate::image::run_cli(cmd),
@@ -394,7 +394,8 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
     )
     .map(std::sync::Arc::new);
     if args.dry_run {
-        return ExitCode::from(dry_run(&plan, spec.as_deref(), !args.no_snapshot));
+        let mut plan = plan;
+        return ExitCode::from(dry_run(&mut plan, spec.as_deref(), !args.no_snapshot));
     }
     if plan.mode == SandboxMode::Mock {
         eprintln!(
@@ -430,7 +431,11 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
 /// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), and a
 /// bad `VOIDBOX_DNS_UPSTREAMS` when a node has network (exit 2), else the plan. Checks that
 /// need the guest image run when it is cached; without it they are named as deferred.
-fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snapshots: bool) -> u8 {
+fn dry_run(
+    plan: &mut Plan,
+    spec: Option<&crate::apply::refusals::SpecSource>,
+    snapshots: bool,
+) -> u8 {
     use crate::apply::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
         eprintln!("{msg}");
@@ -445,6 +450,12 @@ fn dry_run(plan: &Plan, spec: Option<&crate::apply::refusals::SpecSource>, snaps
         // A provider, key or login that cannot work here (as `apply` would refuse it).
         if let Err(f) = crate::apply::runtime::endpoints(plan, &|k| std::env::var(k).ok()) {
             r = crate::apply::runtime::endpoint_refusals(plan, src, f);
+        }
+    }
+    if r.is_empty() {
+        // `remote:` skills are fetched (and cached) as `apply` would fetch them.
+        if let Err(code) = crate::apply::fetch_remotes(plan, Some(src)) {
+            return code;
         }
     }
     if r.is_empty() {

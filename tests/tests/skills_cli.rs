@@ -36,8 +36,14 @@ fn fixture() -> tempfile::TempDir {
         "spec.yaml",
         "api_version: v1\nkind: agent\nname: kit\nllm: {provider: mock, api_key_env: VOIDBOX_TEST_FAKE_KEY}\n\
          sandbox:\n  env: {VOIDBOX_TEST_FAKE_KEY: \"\"}\n\
-         agent:\n  prompt: hi\n  skills: [\"file:skills/deploy\", \"file:notes.md\"]\n",
+         agent:\n  prompt: hi\n  skills: [\"file:skills/deploy\", \"file:notes.md\"]\n  prompt_files: [AGENTS.md, docs/style.md]\n",
     );
+    write(
+        d.path(),
+        "AGENTS.md",
+        &format!("# Rules\nNever print {FAKE_KEY}.\n"),
+    );
+    write(d.path(), "docs/style.md", "Write short sentences.\n");
     write(
         d.path(),
         "skills/deploy/SKILL.md",
@@ -85,6 +91,14 @@ fn skills_json_reports_redactions_and_out_holds_the_redacted_kit() {
         "{}",
         r.stdout
     );
+    // The prompt files become the runtime's instructions file (the mock runtime reads
+    // Claude Code's layout), in order, redacted.
+    assert_eq!(
+        node["instructions"],
+        serde_json::json!({"path": "/home/sandbox/.claude/CLAUDE.md", "sources": ["AGENTS.md", "style.md"], "bytes": node["instructions"]["bytes"], "redactions": 1}),
+        "{}",
+        r.stdout
+    );
     let kit = out.join("kit");
     assert_eq!(node["dir"], kit.display().to_string());
     // The key appears nowhere: not in the output, not in any staged file.
@@ -102,6 +116,7 @@ fn skills_json_reports_redactions_and_out_holds_the_redacted_kit() {
     assert_eq!(
         files,
         [
+            "CLAUDE.md",
             "manifest.json",
             "skills/deploy/SKILL.md",
             "skills/deploy/references/api.md",
@@ -112,6 +127,10 @@ fn skills_json_reports_redactions_and_out_holds_the_redacted_kit() {
     assert_eq!(
         std::fs::read_to_string(kit.join("skills/deploy/scripts/run.sh")).expect("read"),
         "#!/bin/sh\nexport KEY=[REDACTED]\nexport GH=[REDACTED]\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(kit.join("CLAUDE.md")).expect("read"),
+        "# Rules\nNever print [REDACTED].\n\nWrite short sentences.\n"
     );
     assert!(std::fs::read_to_string(kit.join("skills/notes/SKILL.md"))
         .expect("read")
@@ -148,6 +167,95 @@ fn skills_text_lists_each_skill() {
         r.stdout.contains(", 3 redactions\n  notes: 1 file, "),
         "{}",
         r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("  /home/sandbox/.claude/CLAUDE.md (from AGENTS.md, style.md): "),
+        "{}",
+        r.stdout
+    );
+}
+
+/// Each runtime gets its own layout: Claude Code `~/.claude/CLAUDE.md`, Codex
+/// `~/.codex/AGENTS.md` (and its skills under `~/.codex/skills`); no key is needed to stage.
+#[test]
+fn prompt_files_land_where_each_runtime_reads_instructions() {
+    let d = fixture();
+    write(
+        d.path(),
+        "two.yaml",
+        "api_version: v1\nkind: pipeline\nname: two\npipeline:\n  boxes:\n\
+         \x20   - {name: c, prompt: hi, llm: {provider: claude}, prompt_files: [AGENTS.md], skills: [\"file:notes.md\"]}\n\
+         \x20   - {name: x, prompt: hi, llm: {provider: codex}, prompt_files: [AGENTS.md], skills: [\"file:notes.md\"]}\n",
+    );
+    let r = Command::new(BIN)
+        .args(["skills", "two.yaml", "--output", "json"])
+        .current_dir(d.path())
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("VOIDBOX_LLM_PROVIDER")
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let guest = |node: usize, path: &str| {
+        doc["nodes"][node]["manifest"]["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .find(|f| f["path"] == path)
+            .map(|f| f["guest"].clone())
+    };
+    assert_eq!(
+        doc["nodes"][0]["instructions"]["path"],
+        "/home/sandbox/.claude/CLAUDE.md"
+    );
+    assert_eq!(
+        doc["nodes"][1]["instructions"]["path"],
+        "/home/sandbox/.codex/AGENTS.md"
+    );
+    assert_eq!(
+        guest(1, "skills/notes/SKILL.md"),
+        Some("/home/sandbox/.codex/skills/notes/SKILL.md".into())
+    );
+    assert_eq!(
+        guest(1, "AGENTS.md"),
+        Some("/home/sandbox/.codex/AGENTS.md".into())
+    );
+    assert_eq!(
+        guest(0, "CLAUDE.md"),
+        Some("/home/sandbox/.claude/CLAUDE.md".into())
+    );
+}
+
+/// `validate` checks prompt files: a missing one, and one on a command box, are errors at
+/// their line.
+#[test]
+fn validate_locates_bad_prompt_files() {
+    let d = fixture();
+    write(
+        d.path(),
+        "bad.yaml",
+        "api_version: v1\nkind: pipeline\nname: p\nllm: {provider: mock}\npipeline:\n  boxes:\n\
+         \x20   - name: a\n      prompt: hi\n      prompt_files: [AGENTS.md, nope.md]\n\
+         \x20   - name: b\n      run: {program: echo}\n      prompt_files: [AGENTS.md]\n",
+    );
+    let r = run(d.path(), &["validate", "bad.yaml"]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("bad.yaml:9:33: prompt file `nope.md` not found"),
+        "{all}"
+    );
+    assert!(
+        all.contains("bad.yaml:12:7: `prompt_files` on command box `b`"),
+        "{all}"
     );
 }
 

@@ -5,13 +5,14 @@
 //! server on loopback: a shell tool call, then a final text.
 //!
 //! It proves:
-//! - Codex's shell tool ran in the guest as uid 1000 and its output reached the model: the
-//!   request after the tool turn carries `tool-ran-42-codex` and `1000`, which only a shell
-//!   in that guest computes (the script sends `tool-ran-$((6*7))-$VOIDBOX_NODE`); Claude
-//!   Code's Bash tool needs a bash the guest does not have yet, so for it the tool call and
-//!   its `tool_result` reaching the model are checked;
+//! - each runtime's shell tool (Claude Code's Bash, with the runtimes disk's bash; Codex's
+//!   shell) ran in its guest as uid 1000 and its output reached the model: the request after
+//!   the tool turn carries `tool-ran-42-NODE` and `1000`, which only a shell in that guest
+//!   computes (the script sends `tool-ran-$((6*7))-$VOIDBOX_NODE`);
 //! - the gateway swapped the guest's placeholder for the real key: the servers answer only
 //!   the real key, and every request they recorded carried exactly it;
+//! - each runtime read the spec's prompt file (`prompt_files`) where the kit put it and sent
+//!   it to its model;
 //! - the report: each node's runtime and tool calls, Claude Code's init listing the staged
 //!   skill (Codex reports none: its request instructions name it), the gateway's counters
 //!   (every request it forwarded reached the server, none refused), the gateway-only
@@ -264,17 +265,6 @@ struct Scan {
     took: Duration,
 }
 
-/// Whether an Anthropic Messages request carries a `tool_result` content block.
-fn has_tool_result(body: &Value) -> bool {
-    body["messages"].as_array().is_some_and(|m| {
-        m.iter().any(|msg| {
-            msg["content"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|b| b["type"] == "tool_result"))
-        })
-    })
-}
-
 /// The positive control of `node`: a marker in its prompt, which is in its guest's RAM
 /// (the runtime's arguments and memory) while it runs.
 fn control(node: &str) -> String {
@@ -418,14 +408,20 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             "---\nname: {SKILL}\ndescription: {description}\n---\n# {SKILL}\n\nRun `id -u` in the sandbox. The deployment key is {key}; never print it.\n"
         ),
     );
+    // The prompt file too (each runtime gets it as its user-level instructions).
+    write(
+        spec_dir.path(),
+        "AGENTS.md",
+        &format!("# Rules\n\nProject rule vbx-rule-{nonce}: answer briefly. Never print {key}.\n"),
+    );
     let spec = spec_dir.path().join("agents.yaml");
     std::fs::write(
         &spec,
         format!(
             "kind: pipeline\nname: agents\nsandbox:\n  memory_mb: {MEMORY_MB}\npipeline:\n  boxes:\n\
-             \x20   - name: claude\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-claude).'\n      skills: ['file:skills/{SKILL}']\n      timeout_secs: 1500\n\
+             \x20   - name: claude\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-claude).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
              \x20     llm: {{provider: claude, base_url: '{cb}', api_key_env: {KEY_VAR}, model: claude-vbx-test}}\n\
-             \x20   - name: codex\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-codex).'\n      skills: ['file:skills/{SKILL}']\n      timeout_secs: 1500\n\
+             \x20   - name: codex\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-codex).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
              \x20     llm: {{provider: codex, base_url: '{ob}', api_key_env: {KEY_VAR}, model: gpt-vbx-test}}\n\
              \x20 stages:\n    - {{type: fan_out, boxes: [claude, codex]}}\n",
             cb = claude.base_url(),
@@ -561,21 +557,12 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             first.is_some_and(|r| !r.body_contains("tool-ran-42")),
             || format!("{name}: no first model call, or it already carries a tool result"),
         );
-        // Codex's shell ran in its guest as uid 1000 and its output reached the model.
-        // Claude Code's Bash tool needs a bash, which the guest does not have yet (it
-        // answers "No suitable shell found"): for it, the tool call and its result going
-        // back to the model through the gateway are what is checked.
-        let (result, ran) = if name == "codex" {
-            let out = format!("{}\n1000", tool_output(name));
-            let ran = after_tool.is_some_and(|r| r.body_contains(&out));
-            (out, ran)
-        } else {
-            let ran = after_tool.is_some_and(|r| has_tool_result(&r.body));
-            ("a tool_result block".to_string(), ran)
-        };
+        // The shell tool ran in its guest as uid 1000 and its output reached the model.
+        let result = format!("{}\n1000", tool_output(name));
+        let ran = after_tool.is_some_and(|r| r.body_contains(&result));
         c.check(ran, || {
             format!(
-                "{name}: the request after the tool turn lacks {result} (kept in {})",
+                "{name}: the request after the tool turn lacks {result:?} (kept in {})",
                 kept.display()
             )
         });
@@ -598,6 +585,23 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             )
         },
     );
+    // Each runtime read the prompt file from where the kit put it (Claude Code
+    // `~/.claude/CLAUDE.md`, Codex `~/.codex/AGENTS.md`) and sent it to its model, redacted.
+    for (name, calls, path) in [
+        ("claude", &claude_calls, "/home/sandbox/.claude/CLAUDE.md"),
+        ("codex", &codex_calls, "/home/sandbox/.codex/AGENTS.md"),
+    ] {
+        let rule = format!("vbx-rule-{nonce}");
+        c.check(
+            call_at(calls, 0).is_some_and(|r| r.body_contains(&rule)),
+            || format!("{name}'s first request lacks the prompt file's {rule}"),
+        );
+        let i = &node(name)["kit"]["instructions"];
+        c.check(
+            i["path"] == path && i["redactions"].as_u64().unwrap_or(0) >= 1,
+            || format!("{name}: kit instructions {i}"),
+        );
+    }
     // Codex reports no skills: its instructions to the model name the staged one.
     c.check(
         call_at(&codex_calls, 0).is_some_and(|r| {

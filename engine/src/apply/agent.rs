@@ -2,12 +2,9 @@
 //! discovers skills) and the report's statistics of what the runtime said
 //! ([`crate::agent_output`]). How each runtime starts is in [`super::runtime`].
 
-use std::path::Path;
-
 use super::scheduler::AgentStats;
 use crate::agent_output::AgentOutcome;
 use crate::providers::Endpoint;
-use crate::spec::model::SkillEntry;
 
 /// The mock runtime's path in the guest image.
 pub const MOCK_RUNTIME: &str = "/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
@@ -25,31 +22,23 @@ pub struct GuestFile {
     pub mode: u32,
 }
 
-/// The skill files of an agent: its kit ([`crate::kit`]) staged from `skills` (resolved
-/// against `spec_dir`, `secrets` redacted), its `skills/` laid out under `skills_root` (where
-/// the node's runtime discovers them), with the kit's per-skill summary for the report.
-pub fn skill_files(
-    spec_dir: &Path,
-    skills: &[SkillEntry],
+/// The kit of an agent ([`crate::kit`], `secrets` redacted) as guest files where its
+/// runtime discovers them (read-only), with the kit's summary for the report.
+pub fn kit_files(
+    src: &crate::kit::Sources<'_>,
     secrets: &crate::kit::Secrets,
-    skills_root: &str,
-) -> Result<(Vec<GuestFile>, Vec<crate::kit::SkillSummary>), String> {
-    let kit = crate::kit::build(spec_dir, skills, secrets).map_err(|e| e.to_string())?;
-    let mut files = Vec::with_capacity(kit.files.len());
-    for f in &kit.files {
-        let Some(rest) = f.path.strip_prefix("skills/") else {
-            return Err(format!(
-                "internal: kit file `{}` is not under skills/",
-                f.path
-            ));
-        };
-        files.push(GuestFile {
-            path: format!("{skills_root}/{rest}"),
+) -> Result<(Vec<GuestFile>, crate::kit::KitSummary), String> {
+    let kit = crate::kit::build(src, secrets).map_err(|e| e.to_string())?;
+    let files = kit
+        .files
+        .iter()
+        .map(|f| GuestFile {
+            path: f.guest.clone(),
             data: f.data.clone(),
             mode: f.guest_mode(),
-        });
-    }
-    Ok((files, kit.summary()))
+        })
+        .collect();
+    Ok((files, kit.report()))
 }
 
 /// The report's statistics of an agent attempt from what its runtime reported; a local
@@ -81,8 +70,30 @@ pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
 mod tests {
     use super::*;
 
+    use std::path::Path;
+
+    use crate::kit::{Layout, Remotes, Sources};
+    use crate::spec::model::SkillEntry;
+
+    static NO_REMOTES: Remotes = Remotes::new();
+
+    fn sources<'a>(
+        dir: &'a Path,
+        skills: &'a [SkillEntry],
+        prompt_files: &'a [std::path::PathBuf],
+        layout: Layout,
+    ) -> Sources<'a> {
+        Sources {
+            spec_dir: dir,
+            skills,
+            prompt_files,
+            layout,
+            remotes: &NO_REMOTES,
+        }
+    }
+
     #[test]
-    fn skills_are_copied_under_the_claude_dir() {
+    fn the_kit_lands_where_each_runtime_discovers_it() {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(d.path().join("skills/sum/refs")).unwrap();
         std::fs::write(
@@ -96,16 +107,18 @@ mod tests {
         )
         .unwrap();
         std::fs::write(d.path().join("plain.md"), "p").unwrap();
+        std::fs::write(d.path().join("AGENTS.md"), "Be brief.").unwrap();
+        std::fs::write(d.path().join("CLAUDE.md"), "Never host-secret-value.\n").unwrap();
         let secrets = crate::kit::Secrets::new(["host-secret-value".to_string()]);
-        let (files, summary) = skill_files(
-            d.path(),
-            &[
-                SkillEntry::Simple("file:skills/sum".into()),
-                SkillEntry::Simple("file:plain.md".into()),
-                SkillEntry::Simple("agent:claude-code".into()),
-            ],
+        let skills = [
+            SkillEntry::Simple("file:skills/sum".into()),
+            SkillEntry::Simple("file:plain.md".into()),
+            SkillEntry::Simple("agent:claude-code".into()),
+        ];
+        let prompts = [d.path().join("AGENTS.md"), d.path().join("CLAUDE.md")];
+        let (files, summary) = kit_files(
+            &sources(d.path(), &skills, &prompts, Layout::CLAUDE),
             &secrets,
-            "/home/sandbox/.claude/skills",
         )
         .unwrap();
         let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
@@ -115,37 +128,52 @@ mod tests {
                 "/home/sandbox/.claude/skills/sum/SKILL.md",
                 "/home/sandbox/.claude/skills/sum/refs/a.md",
                 "/home/sandbox/.claude/skills/plain/SKILL.md",
+                "/home/sandbox/.claude/CLAUDE.md",
             ]
         );
         // What reaches the guest is the staged kit: redacted, plain skills with frontmatter,
-        // read-only.
+        // the prompt files joined in order, all read-only.
         assert_eq!(files[1].data, b"key=[REDACTED]");
         assert_eq!(
             files[2].data,
             b"---\nname: \"plain\"\ndescription: \"p\"\n---\n\np"
         );
+        assert_eq!(files[3].data, b"Be brief.\n\nNever [REDACTED].\n");
         assert!(files.iter().all(|f| f.mode == 0o444));
         let names: Vec<(&str, u64, u64)> = summary
+            .skills
             .iter()
             .map(|k| (k.name.as_str(), k.files, k.redactions))
             .collect();
         assert_eq!(names, [("sum", 2, 1), ("plain", 1, 0)]);
+        let i = summary.instructions.unwrap();
+        assert_eq!(i.path, "/home/sandbox/.claude/CLAUDE.md");
+        assert_eq!(i.sources, ["AGENTS.md", "CLAUDE.md"]);
+        assert_eq!(i.redactions, 1);
+
+        // Codex discovers them under its own home, its instructions in AGENTS.md.
         let none = crate::kit::Secrets::default();
-        assert!(skill_files(
-            d.path(),
-            &[SkillEntry::Simple("remote:a/b".into())],
+        let plain = [SkillEntry::Simple("file:plain.md".into())];
+        let (files, _) = kit_files(
+            &sources(d.path(), &plain, &prompts[..1], Layout::CODEX),
             &none,
-            "/r"
-        )
-        .is_err());
-        // Codex discovers them under its own home.
-        let (files, _) = skill_files(
-            d.path(),
-            &[SkillEntry::Simple("file:plain.md".into())],
-            &none,
-            "/home/sandbox/.codex/skills",
         )
         .unwrap();
-        assert_eq!(files[0].path, "/home/sandbox/.codex/skills/plain/SKILL.md");
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/home/sandbox/.codex/skills/plain/SKILL.md",
+                "/home/sandbox/.codex/AGENTS.md"
+            ]
+        );
+
+        // A prompt file that is not text, or missing, is refused, naming it.
+        std::fs::write(d.path().join("bin.md"), b"\0\x01").unwrap();
+        for bad in ["bin.md", "missing.md"] {
+            let p = [d.path().join(bad)];
+            let e = kit_files(&sources(d.path(), &[], &p, Layout::CLAUDE), &none).unwrap_err();
+            assert!(e.starts_with(&format!("prompt file `{bad}`: ")), "{e}");
+        }
     }
 }

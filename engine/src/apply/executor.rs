@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
-use super::agent::{skill_files, GuestFile, DEFAULT_OUTPUT_FILE};
+use super::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
 use super::cancel::{kill_vmm_children, NodeControl, StopReason};
 use super::data::{over_cap, CappedBuf, Tail};
 use super::runtime::{launch, GatewayAccess};
@@ -51,6 +51,8 @@ pub struct VmExecutor {
     pub dns_upstreams: Vec<std::net::SocketAddr>,
     /// Per agent node: its resolved LLM endpoint ([`crate::providers::resolve`]).
     pub endpoints: std::collections::HashMap<String, Endpoint>,
+    /// The plan's fetched `remote:` skills ([`crate::kit::fetch_remotes`]).
+    pub remotes: crate::kit::Remotes,
 }
 
 /// What an attempt runs, prepared on the host before its VM starts.
@@ -207,7 +209,7 @@ impl VmExecutor {
         job: &Job,
         endpoint: Option<&Endpoint>,
         gateway: Option<&GatewayAccess>,
-        kit_summary: &mut Option<Vec<crate::kit::SkillSummary>>,
+        kit_summary: &mut Option<crate::kit::KitSummary>,
     ) -> Result<Prepared, String> {
         let vm = self.node_vms.get(&job.node.name);
         // The image's `Env` first: the spec's variables override it.
@@ -257,8 +259,14 @@ impl VmExecutor {
                 if let Some(c) = &endpoint.credential {
                     secrets = secrets.with(c.secret().expose());
                 }
-                let (skills, kit) =
-                    skill_files(&self.spec_dir, &ag.skills, &secrets, l.skills_root)?;
+                let src = crate::kit::Sources {
+                    spec_dir: &self.spec_dir,
+                    skills: &ag.skills,
+                    prompt_files: &ag.prompt_files,
+                    layout: l.layout,
+                    remotes: &self.remotes,
+                };
+                let (skills, kit) = kit_files(&src, &secrets)?;
                 *kit_summary = Some(kit);
                 let mut req = l.request;
                 // The node's variables after the runtime's, except those the runtime needs.

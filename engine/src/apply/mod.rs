@@ -132,6 +132,44 @@ fn default_logs_dir(plan: &Plan) -> PathBuf {
     ))
 }
 
+/// Fetches `plan`'s `remote:` skills into the cache ([`crate::kit::fetch_remotes`]) and
+/// keeps them in the plan; a skill that cannot be fetched (offline, not found, refused) is
+/// reported at its spec line when `spec` is known, and is exit 3 before any VM starts.
+pub fn fetch_remotes(plan: &mut Plan, spec: Option<&refusals::SpecSource>) -> Result<(), u8> {
+    let failures = match crate::kit::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
+        Ok(r) => {
+            plan.remotes = r;
+            return Ok(());
+        }
+        Err(f) => f,
+    };
+    const HELP: &str = "check the network and the name, or pin a commit the cache holds (`remote:OWNER/REPO/SKILL@<commit>`); VOIDBOX_GITHUB_API_URL and GITHUB_TOKEN configure the source";
+    match spec {
+        Some(src) => {
+            let r: Vec<refusals::Refusal> = failures
+                .into_iter()
+                .map(|f| {
+                    refusals::locate(
+                        plan,
+                        src,
+                        &f.node,
+                        refusals::NodeField::Skill(f.index),
+                        f.error.to_string(),
+                        HELP,
+                    )
+                })
+                .collect();
+            eprint!("{}", refusals::render(src, &r));
+        }
+        None => {
+            for f in failures {
+                eprintln!("error: node `{}`: {}\n  help: {HELP}", f.node, f.error);
+            }
+        }
+    }
+    Err(refusals::EXIT_REFUSED)
+}
+
 /// Runs `plan` with the real VM executor, printing progress, summary and reports.
 /// Returns the exit code.
 pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
@@ -167,6 +205,10 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return refusals::EXIT_REFUSED;
         }
     };
+    let mut plan = plan;
+    if let Err(code) = fetch_remotes(&mut plan, opts.spec.as_deref()) {
+        return code;
+    }
     let dns_upstreams = match dns_upstreams(&plan) {
         Ok(u) => u,
         Err(e) => {
@@ -293,6 +335,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         logs_dir,
         runtime_dir: Some(runtime_dir.path().to_path_buf()),
         spec_dir: plan.spec_dir.clone(),
+        remotes: plan.remotes.clone(),
         kill_children_on_abort: true,
         snapshots,
         dns_upstreams,

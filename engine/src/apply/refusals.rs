@@ -374,7 +374,6 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
     for (field, s) in at.skills() {
         let refuse = match &s.kind {
             NodeKind::Str(text) => match parse_skill(text) {
-                Ok(SkillRef::Remote(_)) => Some("`remote:` skills cannot be fetched yet"),
                 Ok(SkillRef::Mcp(_)) => Some(super::runtime::MCP_NAME_ONLY),
                 Ok(SkillRef::Agent(name)) if !crate::validate::runtimes::is_known(name) => {
                     Some("this `agent:` runtime is unknown (known: `claude-code`, `codex`)")

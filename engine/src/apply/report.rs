@@ -34,6 +34,8 @@
 //!                                                 "reason": str, "count": int } ] },
 //!                "kit": null|{ "skills": [ { "name": str, "files": int, "bytes": int,
 //!                                            "redactions": int, "binary_files": int } ],
+//!                              "instructions": null|{ "path": str, "sources": [str],
+//!                                                     "bytes": int, "redactions": int },
 //!                              "error": str (only when the kit cannot be staged) } } ],
 //!   "timeout": null|{ "limit": "pipeline timeout_secs", "secs": int } }
 //! ```
@@ -50,7 +52,9 @@
 //!
 //! `kit` is `null` for a node that is not an agent; else its skills kit ([`crate::kit`]):
 //! per skill the files staged into the guest, their bytes after redaction, the secrets
-//! redacted and the binary files copied untouched — as recorded by the last attempt that
+//! redacted and the binary files copied untouched, and the instructions file made of the
+//! spec's `prompt_files` (its guest path, the files by name, bytes, redactions) — as
+//! recorded by the last attempt that
 //! staged it into a VM; a node that never got that far (skipped, cancelled, or the kit
 //! failed) shows the kit staged from the spec, or, when that fails, empty `skills` and
 //! `error` saying why.
@@ -186,12 +190,12 @@ fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
 /// for a node that is not an agent.
 fn kit(plan: &Plan, node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
     if let Some(k) = a.and_then(|a| a.kit.as_ref()) {
-        return json!({ "skills": k });
+        return json!(k);
     }
-    match crate::kit::for_node(&plan.spec_dir, node) {
+    match crate::kit::for_node(plan, node, &|k| std::env::var(k).ok()) {
         None => Value::Null,
-        Some(Ok(k)) => json!({ "skills": k.summary() }),
-        Some(Err(e)) => json!({ "skills": [], "error": e.to_string() }),
+        Some(Ok(k)) => json!(k.report()),
+        Some(Err(e)) => json!({ "skills": [], "instructions": null, "error": e.to_string() }),
     }
 }
 
@@ -525,7 +529,7 @@ mod timeout_tests {
         let doc = json_report(&p, &r, 1);
         assert_eq!(
             doc["nodes"][0]["kit"],
-            json!({"skills": [{"name": "s", "files": 1, "bytes": doc["nodes"][0]["kit"]["skills"][0]["bytes"], "redactions": 1, "binary_files": 0}]})
+            json!({"skills": [{"name": "s", "files": 1, "bytes": doc["nodes"][0]["kit"]["skills"][0]["bytes"], "redactions": 1, "binary_files": 0}], "instructions": null})
         );
         assert!(
             doc["nodes"][0]["kit"]["skills"][0]["bytes"]
@@ -537,22 +541,26 @@ mod timeout_tests {
         // What an attempt staged into its VM wins over staging the spec again.
         let mut staged = r.clone();
         if let Some(a) = staged.nodes[0].last.as_mut() {
-            a.kit = Some(vec![crate::kit::SkillSummary {
-                name: "as-staged".into(),
-                files: 3,
-                bytes: 7,
-                redactions: 2,
-                binary_files: 0,
-            }]);
+            a.kit = Some(crate::kit::KitSummary {
+                skills: vec![crate::kit::SkillSummary {
+                    name: "as-staged".into(),
+                    files: 3,
+                    bytes: 7,
+                    redactions: 2,
+                    binary_files: 0,
+                    remote: None,
+                }],
+                instructions: None,
+            });
         }
         let doc2 = json_report(&p, &staged, 1);
         assert_eq!(
             doc2["nodes"][0]["kit"],
-            json!({"skills": [{"name": "as-staged", "files": 3, "bytes": 7, "redactions": 2, "binary_files": 0}]})
+            json!({"skills": [{"name": "as-staged", "files": 3, "bytes": 7, "redactions": 2, "binary_files": 0}], "instructions": null})
         );
         let e = doc["nodes"][2]["kit"]["error"].as_str().unwrap();
         assert!(
-            e.starts_with("skill `remote:o/r/s`: `remote:` skills cannot be fetched yet"),
+            e.starts_with("skill `remote:o/r/s`: internal: `remote:o/r/s` was not fetched"),
             "{e}"
         );
     }

@@ -160,16 +160,8 @@ pub struct Launch {
     pub files: Vec<GuestFile>,
     /// The runtime's output format.
     pub format: Format,
-    /// Where the kit's `skills/` go for this runtime.
-    pub skills_root: &'static str,
-}
-
-/// Where each runtime discovers skills (`<root>/<name>/SKILL.md`).
-pub fn skills_root(runtime: Runtime) -> &'static str {
-    match runtime {
-        Runtime::Codex => "/home/sandbox/.codex/skills",
-        Runtime::ClaudeCode | Runtime::Mock => "/home/sandbox/.claude/skills",
-    }
+    /// Where the node's kit goes for this runtime (skills, instructions).
+    pub layout: crate::kit::Layout,
 }
 
 /// The launch of `agent`'s runtime; `gateway` is required for real runtimes (the caller
@@ -206,7 +198,7 @@ pub fn launch(
                     "stream-json".into(),
                     "--verbose".into(),
                     "--skills-dir".into(),
-                    skills_root(runtime).into(),
+                    crate::kit::Layout::of(runtime).skills_dir(),
                     "--output-file".into(),
                     output_file.into(),
                 ],
@@ -215,7 +207,7 @@ pub fn launch(
             },
             files: Vec::new(),
             format: Format::ClaudeStreamJson,
-            skills_root: skills_root(runtime),
+            layout: crate::kit::Layout::of(runtime),
         }),
         Runtime::ClaudeCode => {
             let gw = need_gateway()?;
@@ -258,7 +250,16 @@ pub fn launch(
                     args,
                     env: vec![
                         ("HOME".into(), HOME.into()),
-                        ("PATH".into(), path_with(crate::runtimes::CLAUDE_BIN)),
+                        (
+                            "PATH".into(),
+                            format!(
+                                "{}:{}",
+                                path_with(crate::runtimes::CLAUDE_BIN),
+                                crate::runtimes::BASH_BIN_DIR
+                            ),
+                        ),
+                        // Its Bash tool needs bash (the guest image has only busybox `sh`).
+                        ("SHELL".into(), crate::runtimes::BASH_BIN.into()),
                         ("ANTHROPIC_BASE_URL".into(), gw.base_url.clone()),
                         ("ANTHROPIC_API_KEY".into(), gw.token.clone()),
                         (
@@ -275,7 +276,7 @@ pub fn launch(
                 },
                 files,
                 format: Format::ClaudeStreamJson,
-                skills_root: skills_root(runtime),
+                layout: crate::kit::Layout::of(runtime),
             })
         }
         Runtime::Codex => {
@@ -313,7 +314,7 @@ pub fn launch(
                     mode: 0o600,
                 }],
                 format: Format::CodexExecJson,
-                skills_root: skills_root(runtime),
+                layout: crate::kit::Layout::of(runtime),
             })
         }
     }
@@ -430,6 +431,7 @@ mod tests {
         AgentAction {
             prompt: prompt.into(),
             skills: Vec::new(),
+            prompt_files: Vec::new(),
             llm: Llm {
                 provider: Provider::Custom,
                 model: None,
@@ -489,10 +491,17 @@ mod tests {
         assert!(env("PATH")
             .unwrap()
             .starts_with("/opt/voidbox/runtimes/npm/claude/bin:"));
+        assert!(env("PATH")
+            .unwrap()
+            .ends_with(":/opt/voidbox/runtimes/npm/bash/bin"));
+        assert_eq!(
+            env("SHELL"),
+            Some("/opt/voidbox/runtimes/npm/bash/bin/bash")
+        );
         assert_eq!(l.request.workdir.as_deref(), Some(WORKDIR));
         assert_eq!(l.format, Format::ClaudeStreamJson);
         assert_eq!(l.files[0].path, "/home/sandbox/.claude.json");
-        assert_eq!(l.skills_root, "/home/sandbox/.claude/skills");
+        assert_eq!(l.layout.skills_dir(), "/home/sandbox/.claude/skills");
     }
 
     #[test]
@@ -525,7 +534,7 @@ mod tests {
             .env
             .contains(&(CODEX_TOKEN_ENV.into(), "vbx-placeholder".into())));
         assert_eq!(l.format, Format::CodexExecJson);
-        assert_eq!(l.skills_root, "/home/sandbox/.codex/skills");
+        assert_eq!(l.layout.skills_dir(), "/home/sandbox/.codex/skills");
     }
 
     #[test]

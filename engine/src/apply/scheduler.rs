@@ -127,7 +127,7 @@ pub struct Attempt {
     pub net_denials: Vec<voidbox_net::Denial>,
     /// An agent's skills kit as staged into this attempt's VM (per skill: files, bytes,
     /// redactions); `None` when no kit was staged.
-    pub kit: Option<Vec<crate::kit::SkillSummary>>,
+    pub kit: Option<crate::kit::KitSummary>,
     /// What the node's credential gateway forwarded (real agent runtimes only).
     pub gateway: Option<crate::gateway::GatewayStats>,
 }

@@ -23,8 +23,9 @@ pub const PACKAGES: &[&str] = &[
     "binutils",
     "libc6-dev",
     super::erofs::EROFS_PACKAGE,
-    // the musl loader of the runtimes disk (engine/src/runtimes)
+    // the musl loader and bash of the runtimes disk (engine/src/runtimes)
     crate::runtimes::MUSL_PACKAGE,
+    crate::runtimes::BASH_PACKAGE,
 ];
 
 /// Where busybox-static installs its binary.

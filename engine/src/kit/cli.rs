@@ -36,11 +36,21 @@ pub enum SkillsFormat {
     Json,
 }
 
-/// Runs `voidbox skills` on a loaded plan.
-pub fn skills_cmd(plan: &Plan, args: &SkillsArgs) -> ExitCode {
+/// Runs `voidbox skills` on a loaded plan (fetching its `remote:` skills first).
+pub fn skills_cmd(plan: &mut Plan, args: &SkillsArgs) -> ExitCode {
+    match super::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
+        Ok(r) => plan.remotes = r,
+        Err(failures) => {
+            for f in failures {
+                eprintln!("error: agent box `{}`: {}", f.node, f.error);
+            }
+            return ExitCode::from(EXIT_KIT);
+        }
+    }
+    let plan: &Plan = plan;
     let mut kits: Vec<(String, Kit)> = Vec::new();
     for node in plan.graph.node_weights() {
-        match super::for_node(&plan.spec_dir, node) {
+        match super::for_node(plan, node, &|k| std::env::var(k).ok()) {
             None => {}
             Some(Ok(k)) => kits.push((node.name.clone(), k)),
             Some(Err(e)) => {
@@ -113,8 +123,8 @@ fn text(kits: &[(String, Kit)], out: Option<&Path>) -> String {
     for (node, kit) in kits {
         let _ = writeln!(s, "{node}:");
         let summary = kit.summary();
-        if summary.is_empty() {
-            s.push_str("  (no file or inline skills)\n");
+        if summary.is_empty() && kit.instructions.is_none() {
+            s.push_str("  (no file or inline skills, no prompt files)\n");
         }
         for k in summary {
             let _ = write!(
@@ -132,6 +142,17 @@ fn text(kits: &[(String, Kit)], out: Option<&Path>) -> String {
             }
             s.push('\n');
         }
+        if let Some(i) = &kit.instructions {
+            let _ = writeln!(
+                s,
+                "  {} (from {}): {} bytes, {} redaction{}",
+                i.path,
+                i.sources.join(", "),
+                i.bytes,
+                i.redactions,
+                if i.redactions == 1 { "" } else { "s" },
+            );
+        }
     }
     if let Some(out) = out {
         let _ = writeln!(s, "kits written to {}", out.display());
@@ -147,6 +168,7 @@ fn json(kits: &[(String, Kit)], out: Option<&Path>) -> Value {
                 "name": node,
                 "dir": out.map(|o| o.join(crate::names::file_component(node)).display().to_string()),
                 "skills": kit.summary(),
+                "instructions": kit.instructions,
                 "manifest": kit.manifest(),
             })
         })

@@ -16,7 +16,7 @@ pub fn manifest(kit: &Kit) -> Value {
         .map(|f| {
             json!({
                 "path": f.path,
-                "guest": f.guest_path(),
+                "guest": f.guest,
                 "skill": f.skill,
                 "bytes": f.data.len(),
                 "sha256": hex::encode(Sha256::digest(&f.data)),
@@ -28,8 +28,9 @@ pub fn manifest(kit: &Kit) -> Value {
         .collect();
     json!({
         "version": MANIFEST_VERSION,
-        "guest_root": super::GUEST_KIT_ROOT,
+        "guest_root": kit.layout.root,
         "skills": kit.summary(),
+        "instructions": kit.instructions,
         "files": files,
     })
 }

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::{Kit, KitError, KitFile, Secrets, MAX_BYTES, MAX_FILES};
+use super::{InstructionsSummary, Kit, KitError, KitFile, Secrets, Sources, MAX_BYTES, MAX_FILES};
 use crate::spec::host_path;
 use crate::spec::model::SkillEntry;
 use crate::validate::skills::{parse_skill, SkillRef};
@@ -24,20 +24,24 @@ struct Stager<'a> {
     names: BTreeSet<String>,
 }
 
-pub(super) fn build(
-    spec_dir: &Path,
-    skills: &[SkillEntry],
-    secrets: &Secrets,
-) -> Result<Kit, KitError> {
+pub(super) fn build(src: &Sources<'_>, secrets: &Secrets) -> Result<Kit, KitError> {
     let mut st = Stager {
         secrets,
-        kit: Kit::default(),
+        kit: Kit {
+            layout: src.layout,
+            files: Vec::new(),
+            skill_names: Vec::new(),
+            instructions: None,
+            origins: Default::default(),
+        },
         bytes: 0,
         names: BTreeSet::new(),
     };
-    for s in skills {
+    let spec_dir = src.spec_dir;
+    for s in src.skills {
         let label = label(s);
         let err = |message: String| KitError {
+            kind: "skill",
             skill: label.clone(),
             message,
         };
@@ -53,8 +57,25 @@ pub(super) fn build(
                     st.file_skill(&path).map_err(err)?;
                 }
                 Ok(SkillRef::Agent(_) | SkillRef::Cli(_)) => {}
-                Ok(SkillRef::Remote(_)) => {
-                    return Err(err("`remote:` skills cannot be fetched yet".into()))
+                Ok(SkillRef::Remote(value)) => {
+                    let Some(f) = src.remotes.get(text) else {
+                        return Err(err(format!(
+                            "internal: `remote:{value}` was not fetched before staging"
+                        )));
+                    };
+                    let r = super::remote::RemoteRef::parse(value).map_err(err)?;
+                    // Named after the skill (the cache directory is named by its digest).
+                    let name = st.claim(&safe_name(r.name())).map_err(err)?;
+                    st.dir_skill(&name, &f.dir).map_err(err)?;
+                    st.kit.origins.insert(
+                        name,
+                        super::RemoteOrigin {
+                            url: f.url.clone(),
+                            commit: f.commit.clone(),
+                            sha256: f.sha256.clone(),
+                            from_cache: f.from_cache,
+                        },
+                    );
                 }
                 Ok(SkillRef::Mcp(_)) => {
                     return Err(err(crate::apply::runtime::MCP_NAME_ONLY.into()))
@@ -67,6 +88,7 @@ pub(super) fn build(
             SkillEntry::Mcp(_) => {}
         }
     }
+    st.instructions(src.prompt_files)?;
     Ok(st.kit)
 }
 
@@ -148,7 +170,23 @@ impl Stager<'_> {
             }
             _ => (data, 0),
         };
-        self.bytes += data.len() as u64;
+        self.charge(data.len())?;
+        let path = format!("skills/{skill}/{rel}");
+        self.kit.files.push(KitFile {
+            guest: format!("{}/{path}", self.kit.layout.root),
+            path,
+            data,
+            text,
+            executable,
+            redactions,
+            skill: skill.to_string(),
+        });
+        Ok(())
+    }
+
+    /// Counts `n` more bytes against the kit's limit.
+    fn charge(&mut self, n: usize) -> Result<(), String> {
+        self.bytes += n as u64;
         if self.kit.files.len() >= MAX_FILES {
             return Err(format!("the kit would hold more than {MAX_FILES} files"));
         }
@@ -158,13 +196,62 @@ impl Stager<'_> {
                 MAX_BYTES >> 20
             ));
         }
-        self.kit.files.push(KitFile {
-            path: format!("skills/{skill}/{rel}"),
-            data,
-            text,
-            executable,
+        Ok(())
+    }
+
+    /// The runtime's instructions file from `files` (redacted text, in order, a blank line
+    /// between them); nothing when there are none.
+    fn instructions(&mut self, files: &[PathBuf]) -> Result<(), KitError> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let mut joined = String::new();
+        let mut sources = Vec::new();
+        let mut redactions = 0;
+        for path in files {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let err = |message: String| KitError {
+                kind: "prompt file",
+                skill: name.clone(),
+                message,
+            };
+            let (data, _) = read_regular(path).map_err(err)?;
+            let text = String::from_utf8(data)
+                .ok()
+                .filter(|t| !t.contains('\0'))
+                .ok_or_else(|| err("not UTF-8 text".into()))?;
+            let (text, n) = self.secrets.redact(&text);
+            redactions += n;
+            if !joined.is_empty() {
+                joined.push_str(if joined.ends_with('\n') { "\n" } else { "\n\n" });
+            }
+            joined.push_str(&text);
+            sources.push(name);
+        }
+        let layout = self.kit.layout;
+        self.charge(joined.len()).map_err(|message| KitError {
+            kind: "prompt file",
+            skill: sources.join(", "),
+            message,
+        })?;
+        let guest = format!("{}/{}", layout.root, layout.instructions);
+        self.kit.instructions = Some(InstructionsSummary {
+            path: guest.clone(),
+            sources,
+            bytes: joined.len() as u64,
             redactions,
-            skill: skill.to_string(),
+        });
+        self.kit.files.push(KitFile {
+            path: layout.instructions.to_string(),
+            guest,
+            data: joined.into_bytes(),
+            text: true,
+            executable: false,
+            redactions,
+            skill: String::new(),
         });
         Ok(())
     }

@@ -10,6 +10,20 @@ fn write(root: &Path, rel: &str, text: &str) {
     std::fs::write(p, text).unwrap();
 }
 
+/// A Claude Code kit of `skills` in `dir`.
+fn build(dir: &Path, skills: &[SkillEntry], secrets: &Secrets) -> Result<Kit, KitError> {
+    super::build(
+        &Sources {
+            spec_dir: dir,
+            skills,
+            prompt_files: &[],
+            layout: Layout::CLAUDE,
+            remotes: &Remotes::new(),
+        },
+        secrets,
+    )
+}
+
 fn simple(s: &str) -> SkillEntry {
     SkillEntry::Simple(s.into())
 }
@@ -93,7 +107,7 @@ fn a_skill_directory_is_staged_with_its_files_and_plain_skills_get_frontmatter()
     assert_eq!(file(&kit, "skills/sum/scripts/run.sh").guest_mode(), 0o555);
     assert!(!file(&kit, "skills/sum/assets/logo.bin").text);
     assert_eq!(
-        file(&kit, "skills/sum/SKILL.md").guest_path(),
+        file(&kit, "skills/sum/SKILL.md").guest,
         "/home/sandbox/.claude/skills/sum/SKILL.md"
     );
     let s = &kit.summary()[0];
@@ -155,7 +169,7 @@ fn missing_dirs_without_skill_md_duplicates_and_unsupported_kinds_are_errors() {
     assert!(
         err(&[simple("file:a/sum"), simple("file:b/sum")]).contains("a second skill named `sum`")
     );
-    assert!(err(&[simple("remote:o/r/s")]).contains("cannot be fetched yet"));
+    assert!(err(&[simple("remote:o/r/s")]).contains("was not fetched before staging"));
     assert!(err(&[simple("mcp:github")]).contains("without saying how to start it"));
 }
 
@@ -347,4 +361,62 @@ fn generated_frontmatter_passes_the_agent_skills_rules() {
         assert!(problems.is_empty(), "{md}: {problems:?}");
     }
     assert!(text(&kit, "skills/empty/SKILL.md").contains("description: \"Skill empty\""));
+}
+
+/// A fetched `remote:` skill is staged from its cache directory like a `file:` directory,
+/// named after the skill (not the digest-named directory), redacted, with its origin.
+#[test]
+fn a_fetched_remote_skill_is_staged_under_its_name_with_its_origin() {
+    let d = tempfile::tempdir().unwrap();
+    let cached = d.path().join("sha256/0123abcd");
+    write(
+        &cached,
+        "SKILL.md",
+        "---\nname: brainstorming\ndescription: d\n---\nbody\n",
+    );
+    write(&cached, "scripts/run.sh", "echo topsecret-value-123\n");
+    let mut remotes = Remotes::new();
+    remotes.insert(
+        "remote:obra/superpowers/brainstorming@v1".into(),
+        remote::FetchedSkill {
+            dir: cached.clone(),
+            sha256: "0123abcd".into(),
+            commit: Some("c".repeat(40)),
+            url: "https://api.github.com/repos/obra/superpowers/tarball/v1".into(),
+            from_cache: false,
+        },
+    );
+    let skills = [simple("remote:obra/superpowers/brainstorming@v1")];
+    let kit = super::build(
+        &Sources {
+            spec_dir: d.path(),
+            skills: &skills,
+            prompt_files: &[],
+            layout: Layout::CODEX,
+            remotes: &remotes,
+        },
+        &Secrets::new(["topsecret-value-123".to_string()]),
+    )
+    .unwrap();
+    assert_eq!(
+        paths(&kit),
+        [
+            "skills/brainstorming/SKILL.md",
+            "skills/brainstorming/scripts/run.sh"
+        ]
+    );
+    assert_eq!(
+        file(&kit, "skills/brainstorming/SKILL.md").guest,
+        "/home/sandbox/.codex/skills/brainstorming/SKILL.md"
+    );
+    assert_eq!(
+        text(&kit, "skills/brainstorming/scripts/run.sh"),
+        "echo [REDACTED]\n"
+    );
+    let s = &kit.summary()[0];
+    let origin = s.remote.as_ref().unwrap();
+    assert_eq!(origin.commit.as_deref(), Some("c".repeat(40).as_str()));
+    assert_eq!(origin.sha256, "0123abcd");
+    let manifest = kit.manifest().to_string();
+    assert!(!manifest.contains(d.path().to_str().unwrap()), "{manifest}");
 }

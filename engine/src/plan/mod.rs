@@ -41,6 +41,9 @@ pub struct Plan {
     pub mode: SandboxMode,
     /// Directory relative paths (skills, mounts) resolve against.
     pub spec_dir: PathBuf,
+    /// The `remote:` skills fetched for this plan ([`crate::kit::fetch_remotes`]; empty
+    /// until then).
+    pub remotes: crate::kit::Remotes,
 }
 
 /// One node: one fresh micro-VM.
@@ -99,6 +102,8 @@ pub struct AgentAction {
     pub prompt: String,
     /// Skills to install.
     pub skills: Vec<SkillEntry>,
+    /// Instruction files for the runtime, in order, resolved like `file:` skills.
+    pub prompt_files: Vec<PathBuf>,
     /// The LLM (the node's, else the spec's, else Claude).
     pub llm: Llm,
     /// Guest file the agent writes its result to.
@@ -236,6 +241,7 @@ impl Plan {
             timeout_secs: spec.timeout_secs,
             mode: spec.sandbox.mode,
             spec_dir: spec_dir.to_path_buf(),
+            remotes: crate::kit::Remotes::new(),
         })
     }
 
@@ -353,6 +359,14 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Host paths of `prompt_files`, resolved like `file:` skills.
+    fn prompt_files(&self, files: &[String]) -> Vec<PathBuf> {
+        files
+            .iter()
+            .map(|rel| resolve(self.dir, rel).into_path())
+            .collect()
+    }
+
     fn add(&mut self, node: PlanNode) -> NodeIndex {
         self.graph.add_node(node)
     }
@@ -368,6 +382,7 @@ impl Builder<'_> {
             action: Action::Agent(AgentAction {
                 prompt: agent.prompt.clone(),
                 skills: self.skills(&agent.skills),
+                prompt_files: self.prompt_files(&agent.prompt_files),
                 llm: self.llm(None),
                 output_file: agent.output_file.clone(),
                 mode: agent.mode,
@@ -438,6 +453,7 @@ impl Builder<'_> {
                     (None, Some(prompt)) => Action::Agent(AgentAction {
                         prompt: prompt.clone(),
                         skills: self.skills(&b.skills),
+                        prompt_files: self.prompt_files(&b.prompt_files),
                         llm: self.llm(b.llm.as_ref()),
                         output_file: None,
                         mode: AgentMode::Task,

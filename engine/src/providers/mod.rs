@@ -204,11 +204,9 @@ pub enum ProviderError {
     },
 }
 
-/// Resolves `llm` with the overrides read through `env` (the process environment in the CLI:
-/// `&|k| std::env::var(k).ok()`); API keys are read through `env` too, the login from disk.
-pub fn resolve(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, ProviderError> {
-    let var = |k: &str| env(k).filter(|v| !v.is_empty());
-    let provider = match var(ENV_PROVIDER) {
+/// The provider of `llm`, or of the `VOIDBOX_LLM_PROVIDER` override read through `env`.
+fn provider(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Provider, ProviderError> {
+    match env(ENV_PROVIDER).filter(|v| !v.is_empty()) {
         Some(name) => Provider::ALL
             .into_iter()
             .find(|p| p.as_str() == name.trim())
@@ -216,9 +214,33 @@ pub fn resolve(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoi
                 var: ENV_PROVIDER,
                 value: name.clone(),
                 known: Provider::ALL.map(Provider::as_str).join(", "),
-            })?,
-        None => llm.provider,
-    };
+            }),
+        None => Ok(llm.provider),
+    }
+}
+
+/// The runtime `llm` runs on (with the provider override read through `env`), without
+/// reading any credential.
+pub fn runtime_of(
+    llm: &Llm,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Runtime, ProviderError> {
+    Ok(match provider(llm, env)? {
+        Provider::Mock => Runtime::Mock,
+        Provider::Codex => Runtime::Codex,
+        Provider::Claude
+        | Provider::ClaudePersonal
+        | Provider::Ollama
+        | Provider::LmStudio
+        | Provider::Custom => Runtime::ClaudeCode,
+    })
+}
+
+/// Resolves `llm` with the overrides read through `env` (the process environment in the CLI:
+/// `&|k| std::env::var(k).ok()`); API keys are read through `env` too, the login from disk.
+pub fn resolve(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, ProviderError> {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty());
+    let provider = provider(llm, env)?;
     let model = var(ENV_MODEL).or_else(|| llm.model.clone());
     let base_url = match var(ENV_BASE_URL) {
         Some(u) => Some((ENV_BASE_URL, u)),

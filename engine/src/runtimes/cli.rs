@@ -150,7 +150,11 @@ pub fn disk_json(d: &RuntimesDisk) -> Value {
             "integrity": p.integrity,
             "files": p.files.iter().map(|f| &f.path).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
-        "musl": d.manifest.musl.version,
+        "debian": d.manifest.debian.iter().map(|r| json!({
+            "package": r.package,
+            "version": r.version,
+            "file": r.file.path,
+        })).collect::<Vec<_>>(),
         "created_unix": created,
         "age_seconds": crate::image::age(created),
     })
@@ -164,18 +168,26 @@ pub fn print_table(disks: &[RuntimesDisk]) {
             .package(name)
             .map_or("-".to_string(), |p| p.version.clone())
     };
+    let debian = |d: &RuntimesDisk, name: &str| {
+        d.manifest
+            .debian
+            .iter()
+            .find(|r| r.package == name)
+            .map_or("-".to_string(), |r| r.version.clone())
+    };
     println!(
-        "{:<14} {:<12} {:<20} {:<10} {:>8} {:>5}",
-        "RUNTIMES", "CLAUDE CODE", "CODEX", "MUSL", "SIZE", "AGE"
+        "{:<14} {:<12} {:<20} {:<10} {:<14} {:>8} {:>5}",
+        "RUNTIMES", "CLAUDE CODE", "CODEX", "MUSL", "BASH", "SIZE", "AGE"
     );
     for d in disks {
         let created = d.manifest.disk.as_ref().map_or(0, |r| r.created_unix);
         println!(
-            "{:<14} {:<12} {:<20} {:<10} {:>8} {:>5}{}",
+            "{:<14} {:<12} {:<20} {:<10} {:<14} {:>8} {:>5}{}",
             short_key(d.key()),
             version(d, super::CLAUDE_PACKAGE),
             version(d, super::CODEX_PACKAGE),
-            d.manifest.musl.version,
+            debian(d, super::MUSL_PACKAGE),
+            debian(d, super::BASH_PACKAGE),
             human_size(d.size()),
             human_age(crate::image::age(created)),
             if current.as_deref() == Some(d.key()) {

@@ -3,7 +3,7 @@
 //!
 //! The copy on the disk records what the disk holds: every package with its version,
 //! canonical tarball URL, pinned integrity and the SHA-256 of every file shipped, and the
-//! musl loader with its Debian version — no host paths, no times, so the same pins give
+//! Debian files (musl's loader, bash) with their packages' versions — no host paths, no times, so the same pins give
 //! the same disk. The cache's copy adds [`DiskRecord`] (the erofs file's SHA-256, size
 //! and build time), which cannot be on the disk itself.
 
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::error::RuntimesError;
-use super::pins::{MuslSource, Package, MUSL_LIBC, MUSL_PACKAGE};
+use super::pins::{DebianFile, Package};
 use super::LAYOUT_VERSION;
 
 /// File name of the manifest, on the disk and in the cache directory.
@@ -26,14 +26,17 @@ pub const DISK_FILE: &str = "runtimes.erofs";
 pub struct Manifest {
     /// Layout version of the disk ([`LAYOUT_VERSION`]).
     pub layout: u32,
-    /// Cache key: SHA-256 over the layout version, the pinned packages and musl's version.
+    /// Cache key: SHA-256 over the layout version, the pinned packages and the Debian
+    /// packages' versions.
     pub key: String,
     /// Where the guest mounts it.
     pub mount: String,
     /// The npm packages shipped.
     pub packages: Vec<PackageRecord>,
-    /// The musl loader shipped.
-    pub musl: MuslRecord,
+    /// The files shipped from Debian packages (musl's loader, bash; absent in a layout 1
+    /// disk's manifest, which `voidbox runtimes ls` still lists).
+    #[serde(default)]
+    pub debian: Vec<DebianRecord>,
     /// The erofs file (only in the cache's copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskRecord>,
@@ -68,14 +71,14 @@ pub struct FileRecord {
     pub sha256: String,
 }
 
-/// The musl loader on the disk.
+/// A file on the disk from a Debian package.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MuslRecord {
-    /// Debian package (`musl`).
+pub struct DebianRecord {
+    /// Debian package (`musl`, `bash-static`).
     pub package: String,
     /// Its Debian version.
     pub version: String,
-    /// The loader file.
+    /// The file.
     pub file: FileRecord,
 }
 
@@ -125,24 +128,23 @@ impl Manifest {
         self.packages.iter().find(|p| p.name == name)
     }
 
-    /// Every file on the disk except the manifest (packages' files, then the loader).
+    /// Every file on the disk except the manifest (packages' files, then Debian's).
     pub fn files(&self) -> impl Iterator<Item = &FileRecord> {
         self.packages
             .iter()
             .flat_map(|p| p.files.iter())
-            .chain(std::iter::once(&self.musl.file))
+            .chain(self.debian.iter().map(|d| &d.file))
     }
 }
 
 /// What the cache key covers: the layout version, each package's identity and what is
-/// taken from it, and musl's version.
+/// taken from it, and each Debian file's package, version and disk path (not where the
+/// host keeps it).
 #[derive(Serialize)]
 struct KeyInputs<'a> {
     layout: u32,
     packages: Vec<KeyPackage<'a>>,
-    musl_package: &'a str,
-    musl_version: &'a str,
-    musl_source: &'a str,
+    debian: Vec<(&'a str, &'a str, &'a str)>,
 }
 
 #[derive(Serialize)]
@@ -153,8 +155,8 @@ struct KeyPackage<'a> {
     files: Vec<(&'a str, &'a str)>,
 }
 
-/// The cache key (64 hex digits) of a disk built from `packages` and `musl`.
-pub(crate) fn cache_key(packages: &[Package], musl: &MuslSource) -> String {
+/// The cache key (64 hex digits) of a disk built from `packages` and `debian`.
+pub(crate) fn cache_key(packages: &[Package], debian: &[DebianFile]) -> String {
     let inputs = KeyInputs {
         layout: LAYOUT_VERSION,
         packages: packages
@@ -170,9 +172,10 @@ pub(crate) fn cache_key(packages: &[Package], musl: &MuslSource) -> String {
                     .collect(),
             })
             .collect(),
-        musl_package: MUSL_PACKAGE,
-        musl_version: &musl.version,
-        musl_source: MUSL_LIBC,
+        debian: debian
+            .iter()
+            .map(|d| (d.package, d.version.as_str(), d.dest))
+            .collect(),
     };
     let json = serde_json::to_vec(&inputs).unwrap_or_default();
     hex::encode(Sha256::digest(&json))

@@ -6,21 +6,22 @@
 //!                              @anthropic-ai/claude-code-linux-x64-musl); its interpreter is
 //!                              /lib/ld-musl-x86_64.so.1, a link on the system disk to
 //! lib/ld-musl-x86_64.so.1      Debian musl's libc.so (the musl loader and libc)
+//! bash/bin/bash                Debian's bash-static: the shell of Claude Code's Bash tool
 //! codex/bin/codex              Codex, static musl (npm @openai/codex, linux-x64 build)
 //! codex/bin/rg                 ripgrep from the same package (Codex looks it up on PATH)
 //! manifest.json                packages, versions, tarball URLs, pinned integrities, the
-//!                              SHA-256 of every file, musl's version — no host paths
+//!                              SHA-256 of every file, the Debian versions — no host paths
 //! ```
 //!
 //! Built from pinned packages ([`pins`]): each tarball is fetched from the npm registry
 //! (`$VOIDBOX_NPM_REGISTRY`, default [`DEFAULT_REGISTRY`]) into a file, its SHA-512 checked
 //! against the pinned integrity (never the registry's), and only the shipped entries are
 //! taken from it ([`npm`]). Files are mode 0555, owned by root, timestamps 0: the same pins
-//! and musl give the same bytes.
+//! and Debian packages give the same bytes.
 //!
 //! Cached by content in the image cache root (`~/.cache/voidbox`):
 //! `runtimes/<key>/{runtimes.erofs,manifest.json}`, where the key is the SHA-256 over the
-//! layout version, the pinned packages and musl's Debian version. A build holds the
+//! layout version, the pinned packages and the Debian packages' versions. A build holds the
 //! cache's lock `locks/runtimes-<key>.lock`, works in `tmp/` and renames the finished
 //! directory into place, so a concurrent build waits and then finds it cached.
 
@@ -40,20 +41,21 @@ use std::time::{Instant, SystemTime};
 pub use disk::{read_back, sha256_file, Found, DIR_MODE, FILE_MODE, MANIFEST_MODE};
 pub use error::RuntimesError;
 pub use manifest::{
-    DiskRecord, FileRecord, Manifest, MuslRecord, PackageRecord, DISK_FILE, MANIFEST_FILE,
+    DebianRecord, DiskRecord, FileRecord, Manifest, PackageRecord, DISK_FILE, MANIFEST_FILE,
 };
 pub use npm::{registry, tarball_url, DEFAULT_REGISTRY, REGISTRY_ENV};
 pub use pins::{
-    CLAUDE_INTEGRITY, CLAUDE_PACKAGE, CLAUDE_PATH, CLAUDE_VERSION, CODEX_INTEGRITY, CODEX_PACKAGE,
-    CODEX_PATH, CODEX_VERSION, LOADER_PATH, MUSL_LIBC, MUSL_PACKAGE, RG_PATH,
+    BASH_PACKAGE, BASH_PATH, BASH_STATIC, CLAUDE_INTEGRITY, CLAUDE_PACKAGE, CLAUDE_PATH,
+    CLAUDE_VERSION, CODEX_INTEGRITY, CODEX_PACKAGE, CODEX_PATH, CODEX_VERSION, LOADER_PATH,
+    MUSL_LIBC, MUSL_PACKAGE, RG_PATH,
 };
 
 use crate::image::cache::{is_hash, remove_dir_atomically};
 use crate::image::Cache;
-use pins::{MuslSource, Package};
+use pins::{DebianFile, Package};
 
 /// Version of the disk's layout; part of the cache key.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Where the guest mounts the disk (read-only).
 pub const GUEST_MOUNT: &str = "/opt/voidbox/runtimes/npm";
 /// Claude Code in the guest.
@@ -68,6 +70,10 @@ pub const CLAUDE_BIN_DIR: &str = "/opt/voidbox/runtimes/npm/claude/bin";
 pub const CODEX_BIN_DIR: &str = "/opt/voidbox/runtimes/npm/codex/bin";
 /// The musl loader in the guest: the target of the system disk's `/lib/ld-musl-x86_64.so.1`.
 pub const LOADER_BIN: &str = "/opt/voidbox/runtimes/npm/lib/ld-musl-x86_64.so.1";
+/// bash in the guest (Claude Code's `SHELL`).
+pub const BASH_BIN: &str = "/opt/voidbox/runtimes/npm/bash/bin/bash";
+/// bash's directory in the guest, for `PATH`.
+pub const BASH_BIN_DIR: &str = "/opt/voidbox/runtimes/npm/bash/bin";
 /// Directory of the runtimes disks in the cache root.
 pub const CACHE_SUBDIR: &str = "runtimes";
 
@@ -95,7 +101,7 @@ impl RuntimesDisk {
         self.manifest.disk.as_ref().map_or(0, |d| d.size)
     }
 
-    /// `claude-code 2.1.330, codex 0.169.0-linux-x64, musl 1.2.3-1`.
+    /// `claude-code 2.1.330, codex 0.169.0-linux-x64, musl 1.2.3-1, bash-static 5.2.15-2`.
     pub fn versions(&self) -> String {
         let mut parts: Vec<String> = self
             .manifest
@@ -103,7 +109,12 @@ impl RuntimesDisk {
             .iter()
             .map(|p| format!("{} {}", short_name(&p.name), p.version))
             .collect();
-        parts.push(format!("musl {}", self.manifest.musl.version));
+        parts.extend(
+            self.manifest
+                .debian
+                .iter()
+                .map(|d| format!("{} {}", d.package, d.version)),
+        );
         parts.join(", ")
     }
 }
@@ -118,8 +129,8 @@ pub fn short_name(package: &str) -> &str {
 }
 
 /// The cached runtimes disk of the pinned packages in the default cache, if there is one
-/// (no network; `None` also when Debian's musl is not installed, as its version is part
-/// of the key).
+/// (no network; `None` also when Debian's musl or bash-static is not installed, as their
+/// versions are part of the key).
 pub fn cached() -> Result<Option<RuntimesDisk>, RuntimesError> {
     cached_in(None)
 }
@@ -127,16 +138,16 @@ pub fn cached() -> Result<Option<RuntimesDisk>, RuntimesError> {
 /// [`cached`] in the cache rooted at `cache_root` (default: the image cache's root).
 pub fn cached_in(cache_root: Option<&Path>) -> Result<Option<RuntimesDisk>, RuntimesError> {
     let cache = Cache::open(cache_root)?;
-    let Ok(musl) = pins::host_musl() else {
+    let Ok(debian) = pins::host_files() else {
         return Ok(None);
     };
-    load(&disk_dir(&cache, &pins::pinned(), &musl))
+    load(&disk_dir(&cache, &pins::pinned(), &debian))
 }
 
 /// The runtimes disk of the pinned packages in the default cache: the cached one, or one
 /// fetched and built now (about 335 MB from the registry; `log` gets a line per step).
 /// An unreachable registry is [`RuntimesError::Registry`] naming the URL and the reason;
-/// its [`RuntimesError::exit_code`] is 3, as for a missing musl.
+/// its [`RuntimesError::exit_code`] is 3, as for a missing Debian package.
 pub fn ensure(log: &mut dyn FnMut(&str)) -> Result<RuntimesDisk, RuntimesError> {
     ensure_in(None, log)
 }
@@ -150,15 +161,15 @@ pub fn ensure_in(
         cache: Cache::open(cache_root)?,
         registry: npm::registry(),
         packages: pins::pinned(),
-        musl: pins::host_musl().map_err(RuntimesError::Environment)?,
+        debian: pins::host_files().map_err(RuntimesError::Environment)?,
     };
     ensure_with(&opts, log)
 }
 
-/// The cache key the pinned packages and this host's musl give, if musl is installed.
+/// The cache key the pinned packages and this host's Debian files give, if installed.
 pub fn current_key() -> Option<String> {
-    let musl = pins::host_musl().ok()?;
-    Some(manifest::cache_key(&pins::pinned(), &musl))
+    let debian = pins::host_files().ok()?;
+    Some(manifest::cache_key(&pins::pinned(), &debian))
 }
 
 /// Every runtimes disk in the cache rooted at `cache_root`, newest first, and the
@@ -282,16 +293,16 @@ pub(crate) struct Options {
     pub registry: String,
     /// Packages to ship.
     pub packages: Vec<Package>,
-    /// The musl loader.
-    pub musl: MuslSource,
+    /// The Debian files.
+    pub debian: Vec<DebianFile>,
 }
 
 /// `runtimes/<key>/` for these inputs.
-fn disk_dir(cache: &Cache, packages: &[Package], musl: &MuslSource) -> PathBuf {
+fn disk_dir(cache: &Cache, packages: &[Package], debian: &[DebianFile]) -> PathBuf {
     cache
         .root()
         .join(CACHE_SUBDIR)
-        .join(manifest::cache_key(packages, musl))
+        .join(manifest::cache_key(packages, debian))
 }
 
 /// The disk cached in `dir`: `None` if `dir` does not exist; an error if it is not a
@@ -336,7 +347,7 @@ pub(crate) fn ensure_with(
     opts: &Options,
     log: &mut dyn FnMut(&str),
 ) -> Result<RuntimesDisk, RuntimesError> {
-    let key = manifest::cache_key(&opts.packages, &opts.musl);
+    let key = manifest::cache_key(&opts.packages, &opts.debian);
     let dir = opts.cache.root().join(CACHE_SUBDIR).join(&key);
     if let Ok(Some(d)) = load(&dir) {
         return Ok(d);
@@ -367,7 +378,7 @@ pub(crate) fn ensure_with(
         opts.packages
             .iter()
             .flat_map(|p| p.files.iter().map(|f| f.dest.as_str()))
-            .chain([LOADER_PATH]),
+            .chain(opts.debian.iter().map(|d| d.dest)),
     )?;
 
     let client = npm::client()?;
@@ -396,26 +407,31 @@ pub(crate) fn ensure_with(
         });
     }
 
-    let src = &opts.musl.path;
-    let loader = tree.join(LOADER_PATH);
-    let (size, sha256) =
-        npm::copy_hashed(File::open(src).map_err(RuntimesError::io(src))?, &loader)
-            .map_err(RuntimesError::io(&loader))?;
+    let mut debian = Vec::new();
+    for d in &opts.debian {
+        let dest = tree.join(d.dest);
+        let (size, sha256) = npm::copy_hashed(
+            File::open(&d.path).map_err(RuntimesError::io(&d.path))?,
+            &dest,
+        )
+        .map_err(RuntimesError::io(&dest))?;
+        debian.push(DebianRecord {
+            package: d.package.to_string(),
+            version: d.version.clone(),
+            file: FileRecord {
+                path: d.dest.to_string(),
+                source: d.path.to_string_lossy().trim_start_matches('/').to_string(),
+                size,
+                sha256,
+            },
+        });
+    }
     let mut manifest = Manifest {
         layout: LAYOUT_VERSION,
         key: key.clone(),
         mount: GUEST_MOUNT.to_string(),
         packages,
-        musl: MuslRecord {
-            package: MUSL_PACKAGE.to_string(),
-            version: opts.musl.version.clone(),
-            file: FileRecord {
-                path: LOADER_PATH.to_string(),
-                source: MUSL_LIBC.trim_start_matches('/').to_string(),
-                size,
-                sha256,
-            },
-        },
+        debian,
         disk: None,
     };
     let inner = tree.join(MANIFEST_FILE);

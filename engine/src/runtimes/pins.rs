@@ -1,5 +1,7 @@
 //! What goes onto the runtimes disk: the pinned npm packages (name, version, the integrity
-//! their tarball must hash to, the entries taken from it) and Debian's musl loader.
+//! their tarball must hash to, the entries taken from it) and files of this host's Debian
+//! packages: musl's loader (Claude Code's interpreter) and a static bash (the shell Claude
+//! Code's Bash tool needs; the guest image has only busybox `sh`).
 
 use std::path::PathBuf;
 
@@ -24,6 +26,12 @@ pub const MUSL_LIBC: &str = "/usr/lib/x86_64-linux-musl/libc.so";
 
 /// Disk path of the musl loader (relative to the mount point).
 pub const LOADER_PATH: &str = "lib/ld-musl-x86_64.so.1";
+/// Debian package carrying a static bash.
+pub const BASH_PACKAGE: &str = "bash-static";
+/// Where Debian's `bash-static` installs it.
+pub const BASH_STATIC: &str = "/bin/bash-static";
+/// Disk path of bash.
+pub const BASH_PATH: &str = "bash/bin/bash";
 /// Disk path of Claude Code.
 pub const CLAUDE_PATH: &str = "claude/bin/claude";
 /// Disk path of Codex.
@@ -60,13 +68,17 @@ impl Package {
     }
 }
 
-/// Where the musl loader comes from on this host.
+/// A file shipped from an installed Debian package of this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MuslSource {
-    /// The file (Debian: [`MUSL_LIBC`]).
-    pub path: PathBuf,
-    /// Debian version of the `musl` package.
+pub(crate) struct DebianFile {
+    /// The Debian package.
+    pub package: &'static str,
+    /// Its installed Debian version.
     pub version: String,
+    /// The file on this host.
+    pub path: PathBuf,
+    /// Path on the disk, relative to its root.
+    pub dest: &'static str,
 }
 
 fn ship(source: &str, dest: &str) -> Ship {
@@ -98,14 +110,37 @@ pub(crate) fn pinned() -> Vec<Package> {
     ]
 }
 
-/// Debian's musl loader, or why it is not there.
-pub(crate) fn host_musl() -> Result<MuslSource, String> {
-    let hint = format!("install Debian's {MUSL_PACKAGE}: apt-get install {MUSL_PACKAGE}");
-    let version = crate::image::deps::installed_version(MUSL_PACKAGE)
-        .ok_or_else(|| format!("the musl loader for Claude Code is missing ({hint})"))?;
-    let path = PathBuf::from(MUSL_LIBC);
-    if !path.is_file() {
-        return Err(format!("{MUSL_LIBC} is missing ({hint})"));
-    }
-    Ok(MuslSource { path, version })
+/// The Debian files shipped (musl's loader, then bash), or why one is not there.
+pub(crate) fn host_files() -> Result<Vec<DebianFile>, String> {
+    [
+        (
+            MUSL_PACKAGE,
+            MUSL_LIBC,
+            LOADER_PATH,
+            "the musl loader for Claude Code",
+        ),
+        (
+            BASH_PACKAGE,
+            BASH_STATIC,
+            BASH_PATH,
+            "bash for Claude Code's Bash tool",
+        ),
+    ]
+    .into_iter()
+    .map(|(package, source, dest, what)| {
+        let hint = format!("install Debian's {package}: apt-get install {package}");
+        let version = crate::image::deps::installed_version(package)
+            .ok_or_else(|| format!("{what} is missing ({hint})"))?;
+        let path = PathBuf::from(source);
+        if !path.is_file() {
+            return Err(format!("{source} is missing ({hint})"));
+        }
+        Ok(DebianFile {
+            package,
+            version,
+            path,
+            dest,
+        })
+    })
+    .collect()
 }

@@ -200,7 +200,8 @@ fn options(root: &Path, registry: &str, packages: Vec<Package>) -> Options {
         cache: Cache::new(root),
         registry: registry.to_string(),
         packages,
-        musl: pins::host_musl().expect("Debian's musl is needed (apt-get install musl)"),
+        debian: pins::host_files()
+            .expect("Debian's musl and bash-static are needed (apt-get install musl bash-static)"),
     }
 }
 
@@ -272,14 +273,23 @@ fn runtimes_disk_from_a_local_registry_reads_back_is_reproducible_and_cached() {
         beta.files[0].sha256,
         hex::encode(sha2::Sha256::digest(BETA))
     );
-    let musl = pins::host_musl().unwrap();
-    assert_eq!(m.musl.version, musl.version);
-    assert_eq!(m.musl.file.path, LOADER_PATH);
+    let debian = pins::host_files().unwrap();
     assert_eq!(
-        m.musl.file.sha256,
-        sha256_file(&musl.path).unwrap().1,
-        "the loader is Debian's libc.so byte for byte"
+        m.debian
+            .iter()
+            .map(|d| (d.package.as_str(), d.file.path.as_str()))
+            .collect::<Vec<_>>(),
+        [(MUSL_PACKAGE, LOADER_PATH), (BASH_PACKAGE, BASH_PATH)]
     );
+    for (rec, host) in m.debian.iter().zip(&debian) {
+        assert_eq!(rec.version, host.version);
+        assert_eq!(
+            rec.file.sha256,
+            sha256_file(&host.path).unwrap().1,
+            "{} is Debian's file byte for byte",
+            rec.file.path
+        );
+    }
     let on_disk = m.on_disk().to_json();
     for host in [root.to_str().unwrap(), "/tmp/", "/root", "127.0.0.1"] {
         assert!(!on_disk.contains(host), "{host} in {on_disk}");
@@ -297,6 +307,9 @@ fn runtimes_disk_from_a_local_registry_reads_back_is_reproducible_and_cached() {
             "alpha",
             "alpha/bin",
             "alpha/bin/alpha",
+            "bash",
+            "bash/bin",
+            "bash/bin/bash",
             "beta",
             "beta/bin",
             "beta/bin/beta",
@@ -382,7 +395,7 @@ fn runtimes_integrity_mismatch_is_refused() {
 }
 
 fn cached_disk(root: &Path, opts: &Options) -> Option<RuntimesDisk> {
-    load(&disk_dir(&Cache::new(root), &opts.packages, &opts.musl)).unwrap()
+    load(&disk_dir(&Cache::new(root), &opts.packages, &opts.debian)).unwrap()
 }
 
 #[test]
@@ -521,28 +534,36 @@ fn runtimes_pins_keys_and_urls() {
     assert_eq!(CODEX_BIN, format!("{GUEST_MOUNT}/{CODEX_PATH}"));
     assert_eq!(RG_BIN, format!("{GUEST_MOUNT}/{RG_PATH}"));
     assert_eq!(LOADER_BIN, format!("{GUEST_MOUNT}/{LOADER_PATH}"));
+    assert_eq!(BASH_BIN, format!("{GUEST_MOUNT}/{BASH_PATH}"));
+    assert_eq!(BASH_BIN_DIR, format!("{GUEST_MOUNT}/bash/bin"));
 
     // The key covers every input.
-    let musl = pins::MuslSource {
+    let musl = vec![pins::DebianFile {
+        package: MUSL_PACKAGE,
         path: "/x".into(),
         version: "1.2.3-1".into(),
-    };
+        dest: LOADER_PATH,
+    }];
     let base = manifest::cache_key(&pins::pinned(), &musl);
     assert!(is_hash(&base));
-    let other_musl = pins::MuslSource {
-        version: "1.2.5-1".into(),
-        ..musl.clone()
-    };
+    let mut other_musl = musl.clone();
+    other_musl[0].version = "1.2.5-1".into();
     assert_ne!(manifest::cache_key(&pins::pinned(), &other_musl), base);
-    let moved = pins::MuslSource {
-        path: "/elsewhere".into(),
-        ..musl.clone()
-    };
+    let mut moved = musl.clone();
+    moved[0].path = "/elsewhere".into();
     assert_eq!(
         manifest::cache_key(&pins::pinned(), &moved),
         base,
         "no host paths"
     );
+    let mut with_bash = musl.clone();
+    with_bash.push(pins::DebianFile {
+        package: BASH_PACKAGE,
+        path: BASH_STATIC.into(),
+        version: "5.2.15-2".into(),
+        dest: BASH_PATH,
+    });
+    assert_ne!(manifest::cache_key(&pins::pinned(), &with_bash), base);
     let mut repinned = pins::pinned();
     repinned[0].integrity = CODEX_INTEGRITY.into();
     assert_ne!(manifest::cache_key(&repinned, &musl), base);
@@ -582,8 +603,8 @@ fn runtimes_real_pinned_disk_runs_both_clis() {
     let tmp = tempfile::tempdir().unwrap();
     let report = verify(&d, tmp.path()).unwrap();
     assert_eq!(
-        report.entries, 10,
-        "3 files of 2 packages, the loader, the manifest, 5 dirs"
+        report.entries, 13,
+        "3 files of 2 packages, the loader, bash, the manifest, 7 dirs"
     );
 
     let dir = tmp.path().join("x");
@@ -612,4 +633,6 @@ fn runtimes_real_pinned_disk_runs_both_clis() {
     assert!(v.starts_with("codex-cli 0.169.0"), "{v}");
     let v = run(&[&dir.join(RG_PATH)]);
     assert!(v.starts_with("ripgrep "), "{v}");
+    let v = run(&[&dir.join(BASH_PATH)]);
+    assert!(v.starts_with("GNU bash, version 5"), "{v}");
 }

@@ -462,6 +462,10 @@ pub struct Agent {
     /// Skills installed into the VM before the agent starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<SkillEntry>,
+    /// Instruction files (`AGENTS.md`, `CLAUDE.md`; paths relative to the spec file) given
+    /// to the runtime, in order, as its user-level instructions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt_files: Vec<String>,
     /// Time limit for the agent, in seconds (without it: the default node timeout, 1800 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
@@ -533,6 +537,10 @@ pub struct PipelineBox {
     /// Skills for an agent box.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<SkillEntry>,
+    /// Instruction files for an agent box (`AGENTS.md`, `CLAUDE.md`; paths relative to the
+    /// spec file), given to its runtime in order as its user-level instructions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt_files: Vec<String>,
     /// LLM settings for this box (overrides the spec's `llm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<Llm>,

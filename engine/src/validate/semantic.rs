@@ -13,7 +13,7 @@ use crate::diagnostic::{Diagnostic, Span};
 use crate::spec::host_path::Resolved;
 use crate::spec::yaml::{Node, NodeKind};
 use crate::suggest::did_you_mean;
-use crate::validate::skills::check_skill_string;
+use crate::validate::skills::{check_prompt_file, check_skill_string};
 
 /// Runs every semantic rule over `root`; `base` is the spec file's directory.
 pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
@@ -258,6 +258,14 @@ fn check_skills(skills: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
     }
 }
 
+fn check_prompt_files(files: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
+    for f in items(files) {
+        if let Some(rel) = f.as_str() {
+            check_prompt_file(rel, f.span, base, out);
+        }
+    }
+}
+
 fn check_agent(agent: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     let mode = agent.get("mode").and_then(Node::as_str).unwrap_or("task");
     if let Some(prompt) = agent.get("prompt") {
@@ -311,6 +319,7 @@ fn check_agent(agent: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
         );
     }
     check_skills(agent.get("skills"), base, out);
+    check_prompt_files(agent.get("prompt_files"), base, out);
 }
 
 /// Names declared by a list of items (`boxes` or `steps`); reports duplicates.
@@ -409,6 +418,18 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                 ),
             ),
             (None, Some(_)) => {
+                // A new field: refused where it would do nothing (void-box's `skills` and
+                // `llm` stay warnings).
+                if b.get("prompt_files").is_some() {
+                    out.push(
+                        Diagnostic::error(
+                            "voidbox::box_kind",
+                            format!("`prompt_files` on command box `{name}`: only agent boxes have a runtime to give them to"),
+                            key_span(b, "prompt_files"),
+                        )
+                        .with_help("remove it, or make the box an agent box with `prompt: …`"),
+                    );
+                }
                 for key in ["skills", "llm"] {
                     if b.get(key).is_some() {
                         out.push(
@@ -432,6 +453,7 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
             }
         }
         check_skills(b.get("skills"), base, out);
+        check_prompt_files(b.get("prompt_files"), base, out);
         if let Some(run) = b.get("run") {
             check_env(run.get("env"), out);
         }

@@ -22,7 +22,8 @@ pub enum SkillRef<'a> {
     /// `file:PATH`: a local skill file or directory (relative to the spec file, else to the
     /// working directory, with a warning).
     File(&'a str),
-    /// `remote:OWNER/REPO[/SKILL]`: a published skill.
+    /// `remote:OWNER/REPO[/SKILL][@REF]`: a published skill (fetched by
+    /// [`crate::kit::remote`]).
     Remote(&'a str),
     /// `mcp:NAME`: an MCP server available in the guest.
     Mcp(&'a str),
@@ -58,23 +59,13 @@ pub fn parse_skill(s: &str) -> Result<SkillRef<'_>, (String, Option<String>)> {
         "mcp" => Ok(SkillRef::Mcp(value)),
         "cli" => Ok(SkillRef::Cli(value)),
         "file" => Ok(SkillRef::File(value)),
-        "remote" => {
-            let parts: Vec<&str> = value.split('/').collect();
-            let ok = (2..=3).contains(&parts.len())
-                && parts.iter().all(|p| {
-                    !p.is_empty()
-                        && p.chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                });
-            if ok {
-                Ok(SkillRef::Remote(value))
-            } else {
-                Err((
-                    format!("malformed skill `{s}`: expected `remote:OWNER/REPO` or `remote:OWNER/REPO/SKILL`"),
-                    None,
-                ))
-            }
-        }
+        "remote" => match crate::kit::remote::RemoteRef::parse(value) {
+            Ok(_) => Ok(SkillRef::Remote(value)),
+            Err(why) => Err((
+                format!("malformed skill `{s}`: {why}"),
+                Some("expected `remote:OWNER/REPO[/SKILL][@REF]`, REF a branch, tag or commit (for example `remote:obra/superpowers/brainstorming@v4.0.0`)".into()),
+            )),
+        },
         other => Err((
             format!("malformed skill `{s}`: unknown skill type `{other}`"),
             Some(match did_you_mean(other, SKILL_TYPES) {
@@ -170,6 +161,28 @@ fn check_file_skill(rel: &str, span: Span, base: &Path, out: &mut Vec<Diagnostic
             format!("cannot read `{}`: {e}", skill_md.display()),
             span,
         )),
+    }
+}
+
+/// Checks one `prompt_files` entry at `span`: a readable UTF-8 file of at most 1 MiB.
+pub fn check_prompt_file(rel: &str, span: Span, base: &Path, out: &mut Vec<Diagnostic>) {
+    let path = crate::validate::paths::resolve(base, rel, span, out).into_path();
+    let problem = match std::fs::metadata(&path) {
+        Err(e) => Some(format!("prompt file `{rel}` not found ({})", io_reason(&e))),
+        Ok(m) if !m.is_file() => Some(format!("prompt file `{rel}` is not a regular file")),
+        Ok(_) => read_limited(&path)
+            .err()
+            .map(|why| format!("prompt file `{rel}` cannot be used: {why}")),
+    };
+    if let Some(message) = problem {
+        out.push(
+            Diagnostic::error("voidbox::prompt_file", message, span)
+                .with_label("prompt file")
+                .with_help(format!(
+                    "an instruction file such as AGENTS.md or CLAUDE.md; paths are relative to the spec file's directory: {}",
+                    base.display()
+                )),
+        );
     }
 }
 
@@ -342,6 +355,30 @@ mod tests {
             Ok(SkillRef::Remote("obra/superpowers/brainstorming"))
         );
         assert!(parse_skill("remote:justname").is_err());
+        for ok in [
+            "remote:obra/superpowers/brainstorming@v4.0.0",
+            "remote:o/r@0123456789abcdef0123456789abcdef01234567",
+            "remote:o/r/s@feature/x-1.2",
+        ] {
+            assert_eq!(parse_skill(ok), Ok(SkillRef::Remote(&ok[7..])), "{ok}");
+        }
+        for bad in [
+            "remote:o/r@",
+            "remote:o/r@-x",
+            "remote:o/r@a..b",
+            "remote:o/r@a b",
+            "remote:o/r/s/t",
+            "remote:o/../s",
+        ] {
+            let (msg, help) = parse_skill(bad).expect_err(bad);
+            assert!(
+                msg.starts_with(&format!("malformed skill `{bad}`: ")),
+                "{msg}"
+            );
+            assert!(help.is_some_and(|h| h.contains("@REF")), "{bad}");
+        }
+        let long = format!("remote:o/r@{}", "a".repeat(201));
+        assert!(parse_skill(&long).is_err());
         assert!(parse_skill("nocolon").is_err());
         assert!(parse_skill("cli:").is_err());
         assert!(parse_skill("cli:has space").is_err());
