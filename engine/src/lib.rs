@@ -33,6 +33,7 @@ pub mod agent_output;
 pub mod apply;
 pub mod cli;
 pub mod diagnostic;
+pub mod error_chain;
 pub mod gateway;
 pub mod image;
 pub mod kit;

@@ -19,6 +19,7 @@ use url::Url;
 
 use super::usage::Sniffer;
 use super::{Counters, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_BODY};
+use crate::error_chain::error_chain;
 use crate::providers::{Credential, Secret, OAUTH_BETA};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -256,7 +257,7 @@ async fn handle(
                 &format!(
                     "upstream {} unreachable: {}",
                     origin(&shared.upstream),
-                    chain(&e)
+                    error_chain(&e)
                 ),
             ));
         }
@@ -378,21 +379,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// `scheme://host[:port]` of the upstream (no path, nothing secret).
 fn origin(url: &Url) -> String {
     url.origin().ascii_serialization()
-}
-
-/// An error and its sources, `: `-joined.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        src = s.source();
-    }
-    out
 }
 
 /// [`Capped::fault`]: the body was read without fault.

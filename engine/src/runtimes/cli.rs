@@ -31,7 +31,16 @@ pub enum RuntimesCommand {
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
     },
-    /// Re-hash cached runtimes disks and check every file on them against their manifests.
+    /// Remove a cached runtimes disk (by its key or a unique prefix of it).
+    Rm {
+        /// The disk's key, or a unique prefix (as `ls` shows it).
+        key: String,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Re-hash cached runtimes disks and check every file on them against their manifests
+    /// (disks of an older layout are listed as stale, not checked).
     Verify {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Human)]
@@ -84,6 +93,11 @@ fn run(cmd: RuntimesCommand) -> Result<ExitCode, RuntimesError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        RuntimesCommand::Rm { key, cache_dir } => {
+            let removed = remove(cache_dir.as_deref(), &key)?;
+            println!("removed runtimes disk {}", short_key(&removed));
+            Ok(ExitCode::SUCCESS)
+        }
         RuntimesCommand::Verify { format, cache_dir } => {
             let (disks, broken) = super::list(cache_dir.as_deref())?;
             if disks.is_empty() && broken.is_empty() {
@@ -102,6 +116,36 @@ fn run(cmd: RuntimesCommand) -> Result<ExitCode, RuntimesError> {
                 ExitCode::from(1)
             })
         }
+    }
+}
+
+/// Removes the cached disk whose key is `key` or starts with it (one match only); returns
+/// its key.
+pub fn remove(cache_root: Option<&Path>, key: &str) -> Result<String, RuntimesError> {
+    let dir = runtimes_dir(cache_root)?;
+    let mut found: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| crate::image::cache::is_hash(n) && !key.is_empty() && n.starts_with(key))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    found.sort();
+    match found.as_slice() {
+        [one] => {
+            let cache = Cache::open(cache_root)?;
+            crate::image::cache::remove_dir_atomically(&dir.join(one), &cache.tmp_dir()?)?;
+            Ok(one.clone())
+        }
+        [] => Err(RuntimesError::NotFound(format!(
+            "no cached runtimes disk `{key}` in {}",
+            dir.display()
+        ))),
+        many => Err(RuntimesError::NotFound(format!(
+            "`{key}` matches {} runtimes disks; give more of the key",
+            many.len()
+        ))),
     }
 }
 
@@ -222,6 +266,21 @@ pub fn verify_all(
     }
     let tmp = cache.tmp_dir()?;
     for d in &disks {
+        if d.manifest.layout != super::LAYOUT_VERSION {
+            // Never used by this voidbox (its key differs): listed, not failed.
+            if format == Format::Human {
+                println!(
+                    "stale runtimes {}: layout {} (this voidbox builds layout {}), never used; remove it with `voidbox runtimes rm {}`",
+                    short_key(d.key()),
+                    d.manifest.layout,
+                    super::LAYOUT_VERSION,
+                    short_key(d.key())
+                );
+            }
+            out.push(json!({"runtimes": d.key(), "ok": true, "stale": true,
+                "layout": d.manifest.layout}));
+            continue;
+        }
         let scratch = tempfile::Builder::new()
             .prefix("verify-runtimes-")
             .tempdir_in(&tmp)

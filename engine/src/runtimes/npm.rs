@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256, Sha512};
 use super::error::RuntimesError;
 use super::manifest::FileRecord;
 use super::pins::Package;
+use crate::error_chain::error_chain;
 
 /// Environment variable naming the npm registry (a mirror serving the same layout).
 pub const REGISTRY_ENV: &str = "VOIDBOX_NPM_REGISTRY";
@@ -75,22 +76,7 @@ pub fn client() -> Result<reqwest::Client, RuntimesError> {
         .connect_timeout(Duration::from_secs(30))
         .read_timeout(Duration::from_secs(120))
         .build()
-        .map_err(|e| RuntimesError::Environment(format!("HTTP client: {}", chain(&e))))
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
+        .map_err(|e| RuntimesError::Environment(format!("HTTP client: {}", error_chain(&e))))
 }
 
 /// Downloads `url` into `dest` (created), returning the SHA-512 of the bytes.
@@ -108,7 +94,7 @@ pub fn download(
             .get(url)
             .send()
             .await
-            .map_err(|e| reg(chain(&e.without_url())))?;
+            .map_err(|e| reg(error_chain(&e.without_url())))?;
         let status = resp.status();
         if !status.is_success() {
             return Err(reg(format!("HTTP {status}")));
@@ -122,11 +108,12 @@ pub fn download(
         let mut out = BufWriter::new(file);
         let mut hash = Sha512::new();
         let mut total = 0u64;
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| reg(format!("after {total} bytes: {}", chain(&e.without_url()))))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| {
+            reg(format!(
+                "after {total} bytes: {}",
+                error_chain(&e.without_url())
+            ))
+        })? {
             total += chunk.len() as u64;
             if total > MAX_TARBALL_BYTES {
                 return Err(reg(format!(

@@ -371,6 +371,32 @@ fn runtimes_disk_from_a_local_registry_reads_back_is_reproducible_and_cached() {
     assert!(err.contains("sha256"), "{err}");
 }
 
+/// A disk of an older layout (never used by this voidbox: its key differs) is listed as
+/// stale by `verify`, not failed, and `runtimes rm` removes it by a key prefix.
+#[test]
+fn runtimes_older_layouts_are_stale_and_removable() {
+    let (packages, served) = fixture();
+    let reg = Registry::start(served);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("cache");
+    let opts = options(&root, &reg.url(), packages);
+    let d = ensure_with(&opts, &mut quiet()).unwrap();
+    // Make it look like a layout 1 disk: its cache manifest says so.
+    let mut m = d.manifest.clone();
+    m.layout = 1;
+    let dir = d.path.parent().unwrap().to_path_buf();
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
+    let (failed, out) = cli::verify_all(Some(&root), crate::image::Format::Json).unwrap();
+    assert_eq!(failed, 0, "{out:?}");
+    assert_eq!(out[0]["stale"], true, "{out:?}");
+    assert!(cli::remove(Some(&root), "").is_err(), "an empty key matches nothing");
+    assert!(cli::remove(Some(&root), "zz").is_err());
+    let key = cli::remove(Some(&root), &d.key()[..8]).unwrap();
+    assert_eq!(key, d.key());
+    assert!(!dir.exists());
+    assert!(list(Some(&root)).unwrap().0.is_empty());
+}
+
 #[test]
 fn runtimes_integrity_mismatch_is_refused() {
     let (mut packages, served) = fixture();

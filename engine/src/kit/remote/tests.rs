@@ -1,4 +1,6 @@
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 use flate2::write::GzEncoder;
 use sha2::{Digest, Sha256};
