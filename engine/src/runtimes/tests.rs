@@ -389,7 +389,10 @@ fn runtimes_older_layouts_are_stale_and_removable() {
     let (failed, out) = cli::verify_all(Some(&root), crate::image::Format::Json).unwrap();
     assert_eq!(failed, 0, "{out:?}");
     assert_eq!(out[0]["stale"], true, "{out:?}");
-    assert!(cli::remove(Some(&root), "").is_err(), "an empty key matches nothing");
+    assert!(
+        cli::remove(Some(&root), "").is_err(),
+        "an empty key matches nothing"
+    );
     assert!(cli::remove(Some(&root), "zz").is_err());
     let key = cli::remove(Some(&root), &d.key()[..8]).unwrap();
     assert_eq!(key, d.key());
