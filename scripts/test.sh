@@ -32,7 +32,7 @@ apt_install() {
 # image disks; docker-registry (a real OCI registry), skopeo, umoci, busybox-static and
 # python3 build and serve the OCI fixture images of the registry tests; dnsmasq-base is the
 # real resolver the network tests point the NAT's DNS upstream at.
-apt_install graphviz gcc libc6-dev erofs-utils fakeroot musl bash-static docker-registry skopeo umoci \
+apt_install graphviz gcc libc6-dev erofs-utils fakeroot musl bash-static docker-registry skopeo umoci tmux \
   busybox-static python3 dnsmasq-base
 
 echo "==> building voidbox"

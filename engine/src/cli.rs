@@ -36,6 +36,8 @@ pub enum Command {
     Apply(ApplyArgs),
     /// Stage every agent box's skills kit (secrets redacted) and report it per skill.
     Skills(crate::kit::cli::SkillsArgs),
+    /// Check this host for what voidbox needs (KVM, guest image, disk, memory, host tools).
+    Doctor(crate::doctor::DoctorArgs),
     /// Manage the guest image (kernel + initramfs).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
@@ -47,6 +49,8 @@ pub enum Command {
     Snapshot(crate::snapshot::cli::SnapshotCommand),
     /// Run one command in a fresh micro-VM (`voidbox run -- CMD [ARGS…]`).
     Run(crate::run::RunArgs),
+    /// An interactive terminal in a fresh micro-VM (`voidbox shell [SPEC]`).
+    Shell(crate::shell::ShellArgs),
     /// Pull an OCI image into the cache and convert it to a read-only erofs disk.
     Pull(crate::oci::cli::PullArgs),
     /// Manage the OCI image cache.
@@ -163,10 +167,15 @@ pub fn main() -> ExitCode {
             Ok(mut plan) => crate::kit::cli::skills_cmd(&mut plan, &args),
             Err(code) => code,
         },
+        Command::Doctor(args) => crate::doctor::doctor_cmd(&args),
         Command::Image(cmd) => crate::image::run_cli(cmd),
         Command::Runtimes(cmd) => crate::runtimes::cli::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),
+        Command::Shell(args) => match args.spec.as_deref().map(|f| load_plan(f, 2)).transpose() {
+            Ok(plan) => crate::shell::shell_cmd(&args, plan),
+            Err(code) => code,
+        },
         Command::Pull(args) => crate::oci::cli::pull_cmd(&args),
         Command::Oci(cmd) => crate::oci::cli::run_cli(cmd),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),

@@ -12,10 +12,12 @@
 //! | [`spec`] | the spec model, the span-keeping YAML loader, the JSON Schema |
 //! | [`validate`] | `voidbox validate`: schema and semantic checks, located diagnostics |
 //! | [`diagnostic`] | the diagnostic type and its human / JSON / GitHub renderings |
+//! | [`doctor`] | `voidbox doctor`: what this host lacks (KVM, image, disk, memory, tools) and the fixes |
 //! | [`plan`] | the compiled DAG and `voidbox graph` rendering |
 //! | [`agent_output`] | one report shape for Claude Code's and Codex's JSON output |
 //! | [`apply`] | `voidbox apply`: scheduler, data passing, fan-out merge, failures, reports |
 //! | [`run`] | `voidbox run`: one command in a fresh micro-VM |
+//! | [`shell`] | `voidbox shell`: an interactive terminal in a fresh micro-VM |
 //! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
 //! | [`snapshot`] | golden snapshots: the cache, their creation and `voidbox snapshot` |
 //! | [`image`] | the guest image (kernel + initramfs): builder, cache and `voidbox image` |
@@ -33,11 +35,13 @@ pub mod agent_output;
 pub mod apply;
 pub mod cli;
 pub mod diagnostic;
+pub mod doctor;
 pub mod error_chain;
 pub mod gateway;
 pub mod image;
 pub mod kit;
 pub mod limits;
+pub mod mount_flag;
 pub mod names;
 pub mod network;
 pub mod oci;
@@ -46,6 +50,7 @@ pub mod providers;
 pub mod run;
 pub mod runtimes;
 pub mod sandbox;
+pub mod shell;
 pub mod snapshot;
 pub mod spec;
 pub mod suggest;

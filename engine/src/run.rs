@@ -3,7 +3,10 @@
 //! Exit codes: the guest command's own code (a signal `n` → 128+n, a guest timeout → 124,
 //! not startable → 127, refused by the guest policy → 126); 3 environment (no KVM, no
 //! guest image); 125 the VM failed (boot failure, VMM crash — the console tail is quoted);
-//! 2 usage (a bad `--env`, network flag or `VOIDBOX_DNS_UPSTREAMS`).
+//! 2 usage (a bad `--env`, `--mount`, network flag or `VOIDBOX_DNS_UPSTREAMS`).
+//!
+//! `--mount HOST:GUEST[:ro|rw]` shares a host directory into the VM ([`crate::mount_flag`],
+//! virtio-9p: [`crate::sandbox::shares`]).
 //!
 //! `--network` (or any policy flag) gives the VM a network device behind a user-mode NAT;
 //! what the NAT denied is listed on stderr after the command.
@@ -48,6 +51,10 @@ pub struct RunArgs {
     /// Cold-boot the VM instead of restoring it from the golden snapshot.
     #[arg(long)]
     pub no_snapshot: bool,
+    /// Share a host directory: HOST:GUEST[:ro|rw] (default `ro`; a missing `rw` host
+    /// directory is created; repeatable, at most 4).
+    #[arg(long = "mount", value_name = "HOST:GUEST[:ro|rw]")]
+    pub mounts: Vec<String>,
     /// Network device and policy.
     #[command(flatten)]
     pub network: crate::network::flags::NetworkArgs,
@@ -73,16 +80,13 @@ pub fn run_cmd(args: &RunArgs) -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> Result<u8, SandboxError> {
-    let mut env = Vec::with_capacity(args.env.len());
-    for kv in &args.env {
-        match kv.split_once('=') {
-            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
-            _ => {
-                eprintln!("error: --env takes NAME=VALUE, not `{kv}`");
-                return Ok(2);
-            }
+    let env = match parse_env(&args.env) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(2);
         }
-    }
+    };
     let policy = match args.network.policy() {
         Ok(p) => p,
         Err(e) => {
@@ -101,15 +105,16 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         Some(Ok(u)) => u,
         None => Vec::new(),
     };
-    check_kvm()?;
-    let image = match GuestImage::cached()? {
-        Some(i) => i,
-        None => {
-            eprintln!("no guest image in the cache; building it now (takes minutes, once)");
-            GuestImage::ensure(ProgressMode::Auto)?
+    let shares = match mounts(&args.mounts) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(2);
         }
     };
-    let mut cfg = SandboxConfig::new(image);
+    check_kvm()?;
+    let mut cfg = SandboxConfig::new(guest_image()?);
+    cfg.shares = shares;
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
@@ -134,18 +139,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         timeout_secs: Some(timeout.secs),
         ..ExecRequest::default()
     };
-    let snapshots = crate::snapshot::Snapshots::new(
-        !args.no_snapshot,
-        crate::snapshot::CreateOptions {
-            launcher: cfg.launcher.clone(),
-            boot_timeout: cfg.boot_timeout,
-            runtime_dir: None,
-        },
-        PathBuf::from("."),
-        std::sync::Arc::new(|m: &str| eprintln!("voidbox: {m}")),
-    )
-    .map_err(SandboxError::Environment)?;
-    let started = snapshots.start(&cfg, None, &|| false);
+    let started = start_vm(&cfg, !args.no_snapshot, None);
     if let Some(p) = &cfg.keep_console {
         eprintln!("voidbox: guest console log kept at {}", p.display());
     }
@@ -180,6 +174,60 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         }
     }
     Ok(code)
+}
+
+/// `NAME=VALUE` pairs of `--env`.
+pub fn parse_env(pairs: &[String]) -> Result<Vec<(String, String)>, String> {
+    pairs
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("--env takes NAME=VALUE, not `{kv}`")),
+        })
+        .collect()
+}
+
+/// The shares of the `--mount` values, parsed against the working directory, their
+/// missing `rw` host directories created, and checked as a set
+/// ([`crate::sandbox::shares::check`]).
+fn mounts(args: &[String]) -> Result<Vec<crate::sandbox::shares::Share>, String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let all = args
+        .iter()
+        .map(|a| crate::mount_flag::parse(a, &cwd))
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::mount_flag::create_dirs(&all)?;
+    let shares = crate::mount_flag::shares(&all);
+    crate::sandbox::shares::check(&shares, false).map_err(|e| e.to_string())?;
+    Ok(shares)
+}
+
+/// The cached guest image, built first (minutes, once) when there is none.
+pub fn guest_image() -> Result<GuestImage, SandboxError> {
+    if let Some(i) = GuestImage::cached()? {
+        return Ok(i);
+    }
+    eprintln!("no guest image in the cache; building it now (takes minutes, once)");
+    GuestImage::ensure(ProgressMode::Auto)
+}
+
+/// Starts one VM for `cfg`, restored from the `named` snapshot or a golden one when
+/// `snapshots` (a golden snapshot is made on first use), else cold-booted; notices go to
+/// stderr.
+pub fn start_vm(
+    cfg: &SandboxConfig,
+    snapshots: bool,
+    named: Option<&str>,
+) -> Result<crate::sandbox::Sandbox, SandboxError> {
+    let create = crate::snapshot::CreateOptions {
+        launcher: cfg.launcher.clone(),
+        boot_timeout: cfg.boot_timeout,
+        runtime_dir: None,
+    };
+    let notice = std::sync::Arc::new(|m: &str| eprintln!("voidbox: {m}"));
+    crate::snapshot::Snapshots::new(snapshots, create, PathBuf::from("."), notice)
+        .map_err(SandboxError::Environment)?
+        .start(cfg, named, &|| false)
 }
 
 /// `network: 3 connection attempts denied`.

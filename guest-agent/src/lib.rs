@@ -14,6 +14,7 @@
 //! * [`net`]: the network interface, route and `/etc/resolv.conf` (`voidbox.net`), at boot
 //!   and after a snapshot restore.
 //! * [`pty`]: interactive sessions on a pseudo-terminal.
+//! * [`shares`]: host directory shares (virtio-9p), mounted on the host's request.
 //! * [`telemetry`]: resource statistics from `/proc`.
 
 pub mod auth;
@@ -31,6 +32,7 @@ pub mod reaper;
 pub mod rekey;
 pub mod rootfs;
 pub mod server;
+pub mod shares;
 pub mod spawn;
 pub mod telemetry;
 pub mod watchdog;

@@ -649,6 +649,21 @@ impl Connection {
                     Err(e) => self.writer.error(id, e.code, e.message),
                 }
             }
+            Message::MountShare(m) => {
+                let user = self
+                    .agent
+                    .cfg
+                    .exec_env
+                    .creds
+                    .unwrap_or(crate::spawn::SANDBOX);
+                let root = &self.agent.cfg.exec_env.root;
+                match crate::shares::mount(&m, root, user, self.agent.cfg.is_init) {
+                    Ok(()) => {
+                        let _ = self.writer.send(&Message::Ack(Ack { id }));
+                    }
+                    Err(e) => self.writer.error(id, e.code, e.message),
+                }
+            }
             Message::PtyOpen(p) => self.pty_open(p),
             Message::PtyData(d) => {
                 let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());

@@ -126,6 +126,9 @@ message_types! {
     ListDir = 0x26, false;
     /// Guest → host: the entries of a directory.
     DirListing = 0x27, false;
+    /// Host → guest: mount a host directory share (a virtio-9p slot) at a guest path.
+    /// Answered by `Ack`.
+    MountShare = 0x28, false;
     /// Host → guest: open an interactive PTY session. Answered by `Ack`.
     PtyOpen = 0x30, false;
     /// Either direction: terminal bytes. Binary.
@@ -272,7 +275,8 @@ pub struct Shutdown {
     pub action: ShutdownAction,
 }
 
-/// Generic success reply (to `Shutdown`, `Rekey`, `WriteFile`, `MkdirP`, `PtyOpen`).
+/// Generic success reply (to `Shutdown`, `Rekey`, `WriteFile`, `MkdirP`, `MountShare`,
+/// `PtyOpen`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     /// Echoed request id.
@@ -738,6 +742,34 @@ pub struct DirListing {
 /// Most entries one [`DirListing`] carries (keeps the frame far below the message limit).
 pub const MAX_DIR_ENTRIES: usize = 65_536;
 
+/// Mount a host directory share at a guest path (host → guest): the VMM serves share slot
+/// `slot` as the virtio-9p device with mount tag `voidbox<slot>`; the guest agent mounts it
+/// (9P2000.L) at `path` in every root its commands run in, creating the directory when
+/// missing. `path` must be absolute and normalized, not `/` nor at or under the guest's
+/// system or agent paths (`/proc`, `/sys`, `/dev`, `/run`, `/etc/voidbox`, …). Answered by
+/// [`Ack`], or an [`ErrorResponse`] saying why not (the VMM refuses the attach of a slot it
+/// has not bound: [`ErrorCode::NotFound`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountShare {
+    /// Request id.
+    pub id: RequestId,
+    /// The share slot (`0..`[`MAX_SHARE_SLOTS`]).
+    pub slot: u8,
+    /// Absolute guest path of the mount point.
+    pub path: String,
+    /// Mount read-only (the VMM refuses writes to a read-only share in any case). A message
+    /// without the field mounts read-only.
+    #[serde(default = "default_true")]
+    pub read_only: bool,
+}
+
+/// Share slots a VM has (tags `voidbox0` … `voidbox3`).
+pub const MAX_SHARE_SLOTS: u8 = 4;
+
+fn default_true() -> bool {
+    true
+}
+
 /// Open an interactive session on a pseudo-terminal. Answered by [`Ack`]; terminal output
 /// then flows as [`PtyData`] and the end of the session as [`ExecResponse`].
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -880,6 +912,7 @@ pub enum Message {
     FileStatResponse(FileStatResponse),
     ListDir(ListDir),
     DirListing(DirListing),
+    MountShare(MountShare),
     PtyOpen(PtyOpen),
     PtyData(PtyData),
     PtyResize(PtyResize),
@@ -910,6 +943,7 @@ macro_rules! for_each_variant {
             Message::FileStatResponse($m) => $body,
             Message::ListDir($m) => $body,
             Message::DirListing($m) => $body,
+            Message::MountShare($m) => $body,
             Message::PtyOpen($m) => $body,
             Message::PtyData($m) => $body,
             Message::PtyResize($m) => $body,
@@ -948,6 +982,7 @@ impl Message {
             Message::FileStatResponse(_) => MessageType::FileStatResponse,
             Message::ListDir(_) => MessageType::ListDir,
             Message::DirListing(_) => MessageType::DirListing,
+            Message::MountShare(_) => MessageType::MountShare,
             Message::PtyOpen(_) => MessageType::PtyOpen,
             Message::PtyData(_) => MessageType::PtyData,
             Message::PtyResize(_) => MessageType::PtyResize,
@@ -1025,6 +1060,7 @@ impl_from!(
     FileStatResponse,
     ListDir,
     DirListing,
+    MountShare,
     PtyOpen,
     PtyData,
     PtyResize,

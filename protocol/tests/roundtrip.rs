@@ -91,6 +91,50 @@ fn optional_json_fields_default() {
     ));
 }
 
+#[test]
+fn mount_share_json_shape_and_read_only_default() {
+    let m = Message::decode_payload(
+        MessageType::MountShare.as_u8(),
+        br#"{"id":3,"slot":2,"path":"/workspace/src"}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        m,
+        Message::MountShare(MountShare {
+            id: RequestId(3),
+            slot: 2,
+            path: "/workspace/src".into(),
+            read_only: true,
+        })
+    );
+    assert!(m.is_terminal_for(MessageType::MountShare) == m.is_terminal());
+    let bytes = Message::MountShare(MountShare {
+        id: RequestId(4),
+        slot: 0,
+        path: "/data".into(),
+        read_only: false,
+    })
+    .encode_payload()
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"id": 4, "slot": 0, "path": "/data", "read_only": false})
+    );
+    // A slot beyond a byte, or a missing path, is malformed.
+    for bad in [
+        &br#"{"id":1,"slot":256,"path":"/a"}"#[..],
+        br#"{"id":1,"slot":0}"#,
+        br#"[1,0,"/a",true]"#,
+    ] {
+        assert!(
+            Message::decode_payload(MessageType::MountShare.as_u8(), bad).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 

@@ -73,13 +73,14 @@ fn sandbox_features_that_cannot_work_are_refused_not_dropped() {
     let spec = write(
         dir.path(),
         "mounts.yaml",
-        "api_version: v1\nkind: sandbox\nname: m\nsandbox: {network: true, mounts: [{host: /, guest: /m}]}\nrun: {program: echo}\n",
+        "api_version: v1\nkind: sandbox\nname: m\nsandbox: {network: true, mounts: [{host: /, guest: /proc/m}]}\nrun: {program: echo}\n",
     );
     let r = run(&["apply", &spec]);
     assert_eq!(r.code, Some(3), "{}", r.stderr);
     assert!(
-        r.stderr
-            .contains(":4:26: `sandbox.mounts`: `mounts` cannot be provided yet"),
+        r.stderr.contains(
+            ":4:52: `sandbox.mounts[0].guest`: share guest path `/proc/m` must not be inside /proc"
+        ),
         "{}",
         r.stderr
     );

@@ -17,8 +17,21 @@ pub const MAX_CMDLINE_LEN: usize = 2048;
 pub const MAX_CMDLINE_EXTRA_LEN: usize = 1024;
 /// Longest [`VmConfig::image_hash`].
 pub const MAX_IMAGE_HASH_LEN: usize = 256;
-/// Most virtio-blk disks per VM (`/dev/vda` … `/dev/vdp`).
-pub const MAX_DISKS: usize = 16;
+/// Most virtio-blk disks per VM (`/dev/vda` … `/dev/vdm`): the legacy IRQs 5..=23 hold
+/// every virtio device, and the disks share them with net, vsock and the [`SHARE_SLOTS`]
+/// share slots.
+pub const MAX_DISKS: usize = 13;
+/// virtio-9p share slots of every VM (tags `voidbox0` … `voidbox3`), present whether bound
+/// or not, so that golden snapshots hold them ([`crate::devices::p9`]).
+pub const SHARE_SLOTS: usize = 4;
+/// Default guest uid/gid the VMM's own user appears as in a share (the guest's sandbox user).
+pub const DEFAULT_SHARE_GUEST_ID: u32 = 1000;
+
+const _: () = assert!(
+    MAX_DISKS + 2 + SHARE_SLOTS
+        <= (crate::memory::IRQ_MAX - crate::memory::VIRTIO_IRQ_BASE + 1) as usize,
+    "every virtio device needs its own IRQ"
+);
 
 /// One file-backed virtio-blk disk. The guest sees the disks as `/dev/vda`, `/dev/vdb`, …
 /// in the order of [`VmConfig::disks`].
@@ -34,6 +47,28 @@ pub struct DiskConfig {
 
 fn default_true() -> bool {
     true
+}
+
+/// A host directory bound to a virtio-9p share slot (the guest mounts tag `voidbox<slot>`).
+/// Served by the VMM as the VMM's user: what the guest creates belongs to that user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareConfig {
+    /// The host directory (absolute; resolved when the VM is built).
+    pub path: PathBuf,
+    /// Refuse every modifying request (enforced by the VMM, whatever the guest mounts).
+    #[serde(default = "default_true")]
+    pub read_only: bool,
+    /// The guest uid that files of the VMM's own uid appear as (the guest's command user).
+    #[serde(default = "default_share_guest_id")]
+    pub guest_uid: u32,
+    /// The guest gid that files of the VMM's own gid appear as.
+    #[serde(default = "default_share_guest_id")]
+    pub guest_gid: u32,
+}
+
+fn default_share_guest_id() -> u32 {
+    DEFAULT_SHARE_GUEST_ID
 }
 
 /// Flags every guest gets.
@@ -104,6 +139,11 @@ pub struct VmConfig {
     /// `None` means the VM has no network device at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<voidbox_net::NatConfig>,
+    /// Host directories bound to the share slots, slot `i` = `shares[i]` (at most
+    /// [`SHARE_SLOTS`]; the other slots stay unbound). Not part of a snapshot: a restored VM
+    /// binds its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareConfig>,
 }
 
 fn default_memory_mb() -> u32 {
@@ -150,6 +190,10 @@ pub enum ConfigError {
     /// non-empty multiple of 512 bytes); the message names the path.
     #[error("{0}")]
     Disk(String),
+    /// More than [`SHARE_SLOTS`] shares, a relative share path, or a share that is not a
+    /// directory (the message names the path).
+    #[error("{0}")]
+    Share(String),
 }
 
 impl VmConfig {
@@ -207,6 +251,18 @@ impl VmConfig {
         }
         if self.disks.iter().any(|d| d.path.as_os_str().is_empty()) {
             return Err(ConfigError::EmptyPath("disks[].path"));
+        }
+        if self.shares.len() > SHARE_SLOTS {
+            return Err(ConfigError::Share(format!(
+                "at most {SHARE_SLOTS} shares per VM, got {}",
+                self.shares.len()
+            )));
+        }
+        if let Some(s) = self.shares.iter().find(|s| !s.path.is_absolute()) {
+            return Err(ConfigError::Share(format!(
+                "share path `{}` is not absolute",
+                s.path.display()
+            )));
         }
         Ok(())
     }
@@ -345,6 +401,38 @@ mod tests {
             "a".repeat(MAX_IMAGE_HASH_LEN + 1)
         );
         assert_eq!(VmConfig::from_json(&long), Err(ConfigError::ImageHash));
+    }
+
+    #[test]
+    fn shares_default_read_only_and_are_bounded() {
+        let c = VmConfig::from_json(
+            r#"{"kernel":"/k","console_log":"/c","shares":[{"path":"/srv/a"},
+                {"path":"/srv/b","read_only":false,"guest_uid":1234,"guest_gid":1235}]}"#,
+        )
+        .unwrap();
+        assert!(c.shares[0].read_only);
+        assert_eq!((c.shares[0].guest_uid, c.shares[0].guest_gid), (1000, 1000));
+        assert!(!c.shares[1].read_only);
+        assert_eq!((c.shares[1].guest_uid, c.shares[1].guest_gid), (1234, 1235));
+        let back = VmConfig::from_json(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        // No `shares` key at all when there are none (older VMMs read the config too).
+        assert!(!serde_json::to_string(&cfg()).unwrap().contains("shares"));
+        let five = format!(
+            r#"{{"kernel":"/k","console_log":"/c","shares":[{}]}}"#,
+            [r#"{"path":"/x"}"#; SHARE_SLOTS + 1].join(",")
+        );
+        assert!(matches!(
+            VmConfig::from_json(&five),
+            Err(ConfigError::Share(_))
+        ));
+        for bad in [
+            r#"{"kernel":"/k","console_log":"/c","shares":[{"path":"rel"}]}"#,
+            r#"{"kernel":"/k","console_log":"/c","shares":[{"path":""}]}"#,
+            r#"{"kernel":"/k","console_log":"/c","shares":[{"path":"/x","mode":"rw"}]}"#,
+        ] {
+            assert!(VmConfig::from_json(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! | [`boot`] | 64-bit Linux boot: page tables, GDT, boot params, MP table |
 //! | [`memory`] | guest memory layout and mapping |
 //! | [`bus`], [`exit`] | port/MMIO dispatch and VM exit reasons |
-//! | [`devices`] | serial, i8042, virtio-mmio transport and queues, virtio-blk, virtio-net (and its `net` thread running the VM's NAT), vsock — each with its `persist` state |
+//! | [`devices`] | serial, i8042, virtio-mmio transport and queues, virtio-blk, virtio-net (and its `net` thread running the VM's NAT), vsock, the virtio-9p share slots — each with its `persist` state |
 //! | [`persist`] | the snapshot file: format, checksums, vCPU and VM state (devices own theirs) |
 //! | [`seccomp`] | the seccomp-BPF filters: one for every thread, plus the net thread's own (NAT sockets) when the VM has network |
 //! | [`probe`] | detecting a KVM that interprets guest kernel code |

@@ -9,6 +9,16 @@
 //! every disk's fd, `pwritev` and `fdatasync` on read-write disks' fds only: the vCPU threads
 //! run virtio-blk requests, see [`crate::devices::block`]), and exit.
 //!
+//! **A VM with a bound share** serves 9P on its vCPU threads ([`crate::devices::p9`]), as the
+//! `p9` crate does it: descriptor-relative lookups and opens (`openat`, also through
+//! `/proc/self/fd`), `newfstatat`/`fstatfs`, `pread64`, directory reads (`getdents64`,
+//! `lseek`, and `fcntl` `F_DUPFD_CLOEXEC`/`F_GETFL`/`F_SETFD` for `fdopendir`),
+//! `readlinkat`, `fsync`/`fdatasync` ([`SHARE_READ_SYSCALLS`]). With only read-only shares,
+//! `openat` may not ask for write access, creation, truncation or append; a read-write share
+//! adds `pwrite64`, `ftruncate`, `mkdirat`, `unlinkat`, `renameat`, `linkat`, `fchmodat` and
+//! `utimensat` on any descriptor ([`SHARE_WRITE_SYSCALLS`]). Never `fchownat` (ownership never
+//! changes), `symlinkat` or `mknodat` (refused by the server).
+//!
 //! A VMM started with `snapshot_control` may also write snapshots after the filter is in
 //! place: it additionally gets the KVM_GET_* ioctls of snapshot capture and the file syscalls
 //! of [`crate::persist::format::save`] ([`SNAPSHOT_SYSCALLS`]). The engine sets
@@ -88,6 +98,76 @@ pub struct DiskFd {
     pub writable: bool,
 }
 
+/// What the VM's share slots need.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShareAccess {
+    /// At least one share is bound: [`SHARE_READ_SYSCALLS`].
+    pub bound: bool,
+    /// At least one bound share is read-write: [`SHARE_WRITE_SYSCALLS`] and writable opens.
+    pub writable: bool,
+}
+
+/// Syscalls a bound share needs (reading the tree), without argument filtering;
+/// `openat` and `fcntl` are argument-filtered on top.
+pub const SHARE_READ_SYSCALLS: &[i64] = &[
+    libc::SYS_newfstatat,
+    libc::SYS_fstatfs,
+    libc::SYS_pread64,
+    libc::SYS_getdents64,
+    libc::SYS_lseek,
+    libc::SYS_readlinkat,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+];
+
+/// Syscalls a read-write share adds, without argument filtering.
+pub const SHARE_WRITE_SYSCALLS: &[i64] = &[
+    libc::SYS_pwrite64,
+    libc::SYS_ftruncate,
+    libc::SYS_mkdirat,
+    libc::SYS_unlinkat,
+    libc::SYS_renameat,
+    libc::SYS_linkat,
+    libc::SYS_fchmodat,
+    libc::SYS_utimensat,
+];
+
+/// `fcntl` commands besides `F_GETFD` that a bound share's directory reads make
+/// (`fdopendir` on a duplicate of the directory's descriptor).
+const SHARE_FCNTL_CMDS: [i32; 3] = [libc::F_DUPFD_CLOEXEC, libc::F_GETFL, libc::F_SETFD];
+
+/// Adds what the share slots need.
+fn add_share_rules(
+    rules: &mut BTreeMap<i64, Vec<SeccompRule>>,
+    access: ShareAccess,
+) -> Result<(), SeccompError> {
+    if !access.bound {
+        return Ok(());
+    }
+    for &nr in SHARE_READ_SYSCALLS {
+        merge(rules, nr, vec![]);
+    }
+    if access.writable {
+        for &nr in SHARE_WRITE_SYSCALLS {
+            merge(rules, nr, vec![]);
+        }
+        merge(rules, libc::SYS_openat, vec![]);
+    } else {
+        let writes = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) as u64;
+        merge(
+            rules,
+            libc::SYS_openat,
+            vec![rule(vec![cond(2, SeccompCmpOp::MaskedEq(writes), 0)?])?],
+        );
+    }
+    let fcntl = SHARE_FCNTL_CMDS
+        .iter()
+        .map(|&c| rule(vec![cond(1, SeccompCmpOp::Eq, c as u64)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    merge(rules, libc::SYS_fcntl, fcntl);
+    Ok(())
+}
+
 /// What a filter is built for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilterParams {
@@ -104,6 +184,8 @@ pub struct FilterParams {
     /// The VM has a network device: the net thread gets the NAT's syscalls (see the module
     /// documentation).
     pub network: bool,
+    /// What the bound shares need (nothing when none is bound).
+    pub shares: ShareAccess,
 }
 
 impl FilterParams {
@@ -117,6 +199,7 @@ impl FilterParams {
             console_fd,
             disks: Vec::new(),
             network: false,
+            shares: ShareAccess::default(),
         }
     }
 
@@ -129,6 +212,12 @@ impl FilterParams {
     /// The same parameters for a VM with (or without) a network device.
     pub fn with_network(mut self, network: bool) -> Self {
         self.network = network;
+        self
+    }
+
+    /// The same parameters for a VM whose shares need `shares`.
+    pub fn with_shares(mut self, shares: ShareAccess) -> Self {
+        self.shares = shares;
         self
     }
 }
@@ -411,6 +500,8 @@ pub fn build(p: &FilterParams, kind: FilterKind) -> Result<BpfProgram, SeccompEr
     let no_exec = || cond(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0);
     rules.insert(libc::SYS_mmap, vec![rule(vec![no_exec()?])?]);
     rules.insert(libc::SYS_mprotect, vec![rule(vec![no_exec()?])?]);
+    // 9P requests on bound shares run on the vCPU threads.
+    add_share_rules(&mut rules, p.shares)?;
     match kind {
         FilterKind::Base => {}
         FilterKind::Net => add_net_rules(&mut rules)?,
@@ -849,6 +940,70 @@ mod tests {
         }
         // None of them sets state.
         assert!(!n.contains(&KVM_RUN));
+    }
+
+    fn openat_flags(flags: i32) {
+        // SAFETY: opens /dev/null (a static NUL-terminated path) and closes what it got.
+        unsafe {
+            let fd = libc::openat(libc::AT_FDCWD, c"/dev/null".as_ptr(), flags);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+        }
+    }
+
+    fn mkdirat_tmp() {
+        // SAFETY: a mkdirat of a relative name under /proc (it fails; only the filter matters).
+        unsafe { libc::mkdirat(libc::AT_FDCWD, c"/proc/voidbox-test".as_ptr(), 0o700) };
+    }
+
+    #[test]
+    fn shares_open_the_file_syscalls_they_need_and_no_more() {
+        let ro = ShareAccess {
+            bound: true,
+            writable: false,
+        };
+        let rw = ShareAccess {
+            bound: true,
+            writable: true,
+        };
+        let params = |a| FilterParams::for_this_process(false, None).with_shares(a);
+        // Without a bound share: no open at all.
+        let none = build_filter(&params(ShareAccess::default())).unwrap();
+        let s = run_filtered(&none, || openat_flags(libc::O_RDONLY));
+        assert!(killed_by_sigsys(s), "{s:#x}");
+        // Read-only shares: read-only opens (O_PATH, directories) but no write access,
+        // creation, truncation or append, and no tree changes.
+        let prog = build_filter(&params(ro)).unwrap();
+        let s = run_filtered(&prog, || {
+            openat_flags(libc::O_RDONLY | libc::O_CLOEXEC);
+            openat_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        });
+        assert!(exited_ok(s), "{s:#x}");
+        for flags in [
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_ACCMODE,
+            libc::O_RDONLY | libc::O_CREAT,
+            libc::O_RDONLY | libc::O_TRUNC,
+            libc::O_RDONLY | libc::O_APPEND,
+        ] {
+            let s = run_filtered(&prog, || openat_flags(flags));
+            assert!(killed_by_sigsys(s), "flags {flags:#o}: {s:#x}");
+        }
+        let s = run_filtered(&prog, mkdirat_tmp);
+        assert!(killed_by_sigsys(s), "{s:#x}");
+        // A read-write share: writable opens and tree changes.
+        let prog = build_filter(&params(rw)).unwrap();
+        let s = run_filtered(&prog, || {
+            openat_flags(libc::O_RDWR);
+            mkdirat_tmp();
+        });
+        assert!(exited_ok(s), "{s:#x}");
+        // Never chown, symlink or mknod.
+        for nr in [libc::SYS_fchownat, libc::SYS_symlinkat, libc::SYS_mknodat] {
+            assert!(!SHARE_READ_SYSCALLS.contains(&nr) && !SHARE_WRITE_SYSCALLS.contains(&nr));
+        }
     }
 
     #[test]

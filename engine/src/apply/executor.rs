@@ -123,6 +123,17 @@ impl VmExecutor {
             (p, None) => p,
         };
         cfg.network = policy.map(|p| crate::network::nat_config(p, &self.dns_upstreams));
+        cfg.shares = job
+            .node
+            .sandbox
+            .mounts
+            .iter()
+            .map(|m| crate::sandbox::shares::Share {
+                host: std::path::absolute(&m.host).unwrap_or_else(|_| PathBuf::from(&m.host)),
+                guest: m.guest.clone(),
+                read_only: m.mode == crate::spec::model::MountMode::Ro,
+            })
+            .collect();
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -171,6 +182,17 @@ impl VmExecutor {
             Ok(x) => x,
             Err(e) => return Attempt::failed(Status::Failed, e),
         };
+        // `rw` mounts whose host directory did not exist are created now (as void-box does).
+        for d in &job.node.sandbox.create_mount_dirs {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                let mut a = Attempt::failed(
+                    Status::Failed,
+                    format!("cannot create the mount directory {}: {e}", d.display()),
+                );
+                a.environment = true;
+                return a;
+            }
+        }
         let boot_t0 = Instant::now();
         let named = job.node.sandbox.snapshot.as_deref();
         let cancelled = || ctl.stopped().is_some();

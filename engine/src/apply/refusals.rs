@@ -277,20 +277,66 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
 }
 
 fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
+    use crate::sandbox::shares::{check_guest_path, MAX_SHARES};
     let sb = &n.sandbox;
-    if !sb.mounts.is_empty() {
-        for (field, v, span) in at.sandbox_fields("mounts") {
-            if matches!(&v.kind, NodeKind::Seq(items) if !items.is_empty()) {
+    if sb.mounts.is_empty() {
+        return;
+    }
+    let fields = at.sandbox_fields("mounts");
+    if sb.mounts.len() > MAX_SHARES {
+        if let Some((field, _, span)) = fields.first() {
+            c.add(
+                at.at(
+                    field.clone(),
+                    *span,
+                    format!(
+                        "{} mounts, more than the {MAX_SHARES} host directories a VM can share",
+                        sb.mounts.len()
+                    ),
+                    "share a common parent directory instead of several siblings",
+                ),
+                &n.name,
+            );
+        }
+    }
+    // Each mount with its spec item, in the plan's order: the spec's, then the box's.
+    let mut located: Vec<(String, &Node)> = Vec::new();
+    for (field, v, _) in fields.iter().rev() {
+        if let NodeKind::Seq(items) = &v.kind {
+            located.extend(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| (format!("{field}[{i}]"), item)),
+            );
+        }
+    }
+    for (m, (field, item)) in sb.mounts.iter().zip(&located) {
+        if let Some(g) = item.get("guest") {
+            if let Err(why) = check_guest_path(&m.guest) {
                 c.add(
                     at.at(
-                        field,
-                        span,
-                        "`mounts` cannot be provided yet (host directories are not shared into the VM)".into(),
-                        REMOVE_HELP,
+                        format!("{field}.guest"),
+                        g.span,
+                        why,
+                        "mount at /workspace or below it (or below /home/sandbox), for example `/workspace/src`",
                     ),
                     &n.name,
                 );
             }
+        }
+        // A host path that exists must be a directory (a missing `rw` one is created).
+        let host = std::path::Path::new(&m.host);
+        if let Some(h) = item.get("host").filter(|_| host.exists() && !host.is_dir()) {
+            c.add(
+                at.at(
+                    format!("{field}.host"),
+                    h.span,
+                    format!("mount host path {} is not a directory", host.display()),
+                    "share the directory that holds it",
+                ),
+                &n.name,
+            );
         }
     }
 }
@@ -443,7 +489,7 @@ pub fn nothing_to_run(plan: &Plan) -> Option<String> {
         .node_weights()
         .find(|n| matches!(n.action, Action::Shell))
         .map(|n| format!(
-            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:` (an interactive `voidbox shell` is not available yet)",
+            "error: `{}` is an interactive sandbox (no `run:`), so `apply` has nothing to execute\n  help: add `run:`, or open it with `voidbox shell SPEC`",
             n.name
         ))
 }
@@ -495,9 +541,27 @@ mod tests {
     fn refuses_sandbox_features_with_field_and_line() {
         assert!(sandbox("{memory_mb: 128}").is_empty());
         assert!(sandbox("{snapshot: abc, network: false}").is_empty());
-        let r = sandbox("{mounts: [{host: /, guest: /mnt}]}");
-        assert_eq!(r.len(), 1);
-        assert_eq!((r[0].field.as_str(), r[0].line), ("sandbox.mounts", 3));
+        // Host directories are shared (virtio-9p), within the VM's share slots and guest
+        // path rules.
+        assert!(sandbox("{mounts: [{host: /, guest: /mnt}]}").is_empty());
+        let r = sandbox("{mounts: [{host: /, guest: /proc/x}]}");
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(
+            (r[0].field.as_str(), r[0].line),
+            ("sandbox.mounts[0].guest", 3)
+        );
+        let r =
+            sandbox("{mounts: [{host: /, guest: /mnt}, {host: /etc/passwd, guest: /workspace/h}]}");
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].field, "sandbox.mounts[1].host");
+        assert!(r[0].message.contains("is not a directory"), "{r:?}");
+        let five = (0..5)
+            .map(|i| format!("{{host: /, guest: /workspace/m{i}}}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let r = sandbox(&format!("{{mounts: [{five}]}}"));
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].field, "sandbox.mounts");
         // OCI root filesystems and boot files are provided (pulled before anything starts).
         assert!(sandbox("{image: 'alpine:3.20', guest_image: 'x:1'}").is_empty());
         // Every provider is carried out (a missing key is refused when `apply` resolves
@@ -513,8 +577,7 @@ mod tests {
         );
         let text = "kind: pipeline\nname: p\nsandbox:\n  network: {allow_domains: [api.github.com]}\npipeline:\n  boxes:\n    - {name: a, run: {program: echo}, sandbox: {network: false}}\n    - {name: b, run: {program: echo}, sandbox: {network: true, mounts: [{host: /, guest: /m}]}}\n";
         let r = refusals(text);
-        let fields: Vec<&str> = r.iter().map(|r| r.field.as_str()).collect();
-        assert_eq!(fields, ["pipeline.boxes[1].sandbox.mounts"], "{r:?}");
+        assert!(r.is_empty(), "{r:?}");
     }
 
     #[test]

@@ -151,6 +151,9 @@ pub enum SandboxError {
     /// A request got no answer in time.
     #[error("{0} got no answer within {1:?}")]
     Timeout(String, Duration),
+    /// The VM's host directory shares cannot be used (see [`super::shares::check`]).
+    #[error("{0}")]
+    Share(String),
     /// Host-side I/O.
     #[error("{what}: {source}")]
     Io {

@@ -13,8 +13,9 @@ use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
 use voidbox_protocol::handshake::check_pong;
 use voidbox_protocol::{
     ErrorCode, ExecRequest, ExecResponse, ExecStdin, GuestPolicy, Message, OutputStream, Ping,
-    Pong, ProtocolError, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown,
-    ShutdownAction, WriteFile, Zeroizing, CAP_REKEY, FILE_CHUNK_SIZE,
+    Pong, ProtocolError, PtyClose, PtyData, PtyOpen, PtyResize, ReadFile, Rekey,
+    RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction, WriteFile, Zeroizing, CAP_REKEY,
+    FILE_CHUNK_SIZE,
 };
 
 use super::error::SandboxError;
@@ -439,6 +440,34 @@ impl GuestConn {
         }
     }
 
+    /// Mounts host share slot `slot` at guest path `path` (see [`super::shares`]).
+    pub fn mount_share(
+        &mut self,
+        slot: u8,
+        path: &str,
+        read_only: bool,
+    ) -> Result<(), SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "mount_share",
+            &Message::MountShare(voidbox_protocol::MountShare {
+                id,
+                slot,
+                path: path.to_string(),
+                read_only,
+            }),
+        )?;
+        match self.recv_for("mount_share", id)? {
+            Message::Ack(_) => Ok(()),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: format!("mounting share {slot} at {path}"),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("mount_share", "Ack", other)),
+        }
+    }
+
     /// Asks the guest to shut down (it answers `Ack`, then reboots, which ends the VMM).
     pub fn shutdown(&mut self, timeout: Duration) -> Result<(), SandboxError> {
         let id = self.ids.next_id();
@@ -453,6 +482,141 @@ impl GuestConn {
         match self.recv_for("shutdown", id)? {
             Message::Ack(_) => Ok(()),
             other => Err(unexpected("shutdown", "Ack", other)),
+        }
+    }
+}
+
+/// How long the guest may take to answer a `PtyOpen` (it starts the program first).
+const PTY_OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Error replies tolerated during one PTY session (dropped input, a failed resize)
+/// before the host gives up on it.
+const MAX_PTY_ERRORS: usize = 1024;
+
+/// What a PTY session reports while it runs ([`GuestConn::pty`]).
+#[derive(Debug)]
+pub enum PtyEvent<'a> {
+    /// Terminal output (at most one frame's worth).
+    Output(&'a [u8]),
+    /// The guest refused some input or a resize (e.g. its input queue was full); the
+    /// session goes on.
+    Refused {
+        /// Error category.
+        code: ErrorCode,
+        /// The guest's message.
+        message: &'a str,
+    },
+}
+
+/// The host-to-guest side of an open PTY session: input, resizes, hang-up. Clones share
+/// one connection (frames are written whole under a lock), so other threads can use it
+/// while [`GuestConn::pty`] reads the output.
+#[derive(Clone)]
+pub struct PtyInput {
+    stream: std::sync::Arc<std::sync::Mutex<UnixStream>>,
+    id: voidbox_protocol::RequestId,
+}
+
+impl PtyInput {
+    fn send(&self, during: &str, msg: &Message) -> Result<(), SandboxError> {
+        let mut s = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        write_message(&mut *s, msg).map_err(|e| protocol(during, e))
+    }
+
+    /// Sends terminal input (split into frames of at most
+    /// [`voidbox_protocol::OUTPUT_CHUNK_SIZE`] bytes).
+    pub fn data(&self, bytes: &[u8]) -> Result<(), SandboxError> {
+        for chunk in bytes.chunks(voidbox_protocol::OUTPUT_CHUNK_SIZE) {
+            let m = Message::PtyData(PtyData {
+                id: self.id,
+                data: chunk.to_vec(),
+            });
+            self.send("pty input", &m)?;
+        }
+        Ok(())
+    }
+
+    /// Resizes the guest terminal.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<(), SandboxError> {
+        let m = Message::PtyResize(PtyResize {
+            id: self.id,
+            rows,
+            cols,
+        });
+        self.send("pty resize", &m)
+    }
+
+    /// Hangs the session up: the guest sends SIGHUP (then SIGKILL) to its process group,
+    /// and the session's end follows.
+    pub fn close(&self) -> Result<(), SandboxError> {
+        self.send("pty close", &Message::PtyClose(PtyClose { id: self.id }))
+    }
+
+    /// Shuts the connection down in both directions, so [`GuestConn::pty`] returns at once
+    /// (with an error) even when the guest no longer answers.
+    pub fn hang_up(&self) {
+        let s = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl GuestConn {
+    /// Runs an interactive session on a guest pseudo-terminal: sends `open` (its id is
+    /// assigned here) and waits for the guest to start the program (at most
+    /// [`PTY_OPEN_TIMEOUT`]), then hands a [`PtyInput`] to `on_open` and reports terminal
+    /// output and refusals to `on_event` until the session's `ExecResponse`, which is
+    /// returned. No read timeout applies once the session is open (it may sit idle).
+    ///
+    /// Errors: a refused open is [`SandboxError::Guest`] (`NotAllowed` for a program outside
+    /// the allowlist or PTYs disabled); more than [`MAX_PTY_ERRORS`] error replies, or any
+    /// other message for the session, is a protocol error.
+    pub fn pty(
+        &mut self,
+        mut open: PtyOpen,
+        on_open: &mut dyn FnMut(PtyInput),
+        on_event: &mut dyn FnMut(PtyEvent<'_>),
+    ) -> Result<ExecResponse, SandboxError> {
+        let id = self.ids.next_id();
+        open.id = id;
+        self.set_timeout(Some(PTY_OPEN_TIMEOUT))?;
+        self.send("pty_open", &Message::PtyOpen(open))?;
+        let first = match self.recv_for("pty_open", id) {
+            Err(SandboxError::Timeout(w, _)) => Err(SandboxError::Timeout(w, PTY_OPEN_TIMEOUT)),
+            r => r,
+        };
+        self.set_timeout(None)?;
+        match first? {
+            Message::Ack(_) => {}
+            Message::ExecResponse(r) => return Ok(r),
+            Message::Error(e) => {
+                return Err(SandboxError::Guest {
+                    what: "pty_open".into(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            other => return Err(unexpected("pty_open", "Ack", other)),
+        }
+        let writer = self.stream.try_clone().map_err(SandboxError::io(
+            "cloning the guest connection for pty input",
+        ))?;
+        on_open(PtyInput {
+            stream: std::sync::Arc::new(std::sync::Mutex::new(writer)),
+            id,
+        });
+        let mut errors = 0usize;
+        loop {
+            match self.recv_for("pty", id)? {
+                Message::PtyData(d) => on_event(PtyEvent::Output(&d.data)),
+                Message::ExecResponse(r) => return Ok(r),
+                Message::Error(e) if errors < MAX_PTY_ERRORS => {
+                    errors += 1;
+                    on_event(PtyEvent::Refused {
+                        code: e.code,
+                        message: &e.message,
+                    });
+                }
+                other => return Err(unexpected("pty", "PtyData or ExecResponse", other)),
+            }
         }
     }
 }
@@ -878,6 +1042,116 @@ mod tests {
         assert_eq!(r.exit_code, Some(0));
         assert_eq!(r.stdout_bytes, size as u64);
         assert!(echoed == *data, "stdin arrives whole");
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn pty_session_forwards_both_ways_and_survives_refusals() {
+        let secret = SessionSecret::random().unwrap();
+        let (dir, t) = fake_guest(secret.clone(), |s| {
+            let Message::PtyOpen(o) = read_message(s).unwrap() else {
+                panic!("expected PtyOpen")
+            };
+            assert_eq!((o.program.as_str(), o.rows, o.cols), ("/bin/sh", 30, 100));
+            write_message(s, &Message::Ack(Ack { id: o.id })).unwrap();
+            let out = |data: &[u8]| {
+                Message::PtyData(PtyData {
+                    id: o.id,
+                    data: data.to_vec(),
+                })
+            };
+            write_message(s, &out(b"$ ")).unwrap();
+            let Message::PtyData(d) = read_message(s).unwrap() else {
+                panic!("expected input")
+            };
+            assert_eq!(d.data, b"exit 3\r");
+            let Message::PtyResize(r) = read_message(s).unwrap() else {
+                panic!("expected a resize")
+            };
+            assert_eq!((r.rows, r.cols), (40, 120));
+            // Dropped input does not end the session; data for other ids is skipped.
+            let full = Message::error(o.id, ErrorCode::ResourceLimit, "queue is full");
+            write_message(s, &full).unwrap();
+            let stray = Message::PtyData(PtyData {
+                id: 999.into(),
+                data: b"other".to_vec(),
+            });
+            write_message(s, &stray).unwrap();
+            write_message(s, &out(b"bye\r\n")).unwrap();
+            let Message::PtyClose(c) = read_message(s).unwrap() else {
+                panic!("expected PtyClose")
+            };
+            assert_eq!(c.id, o.id);
+            let end = ExecResponse {
+                id: o.id,
+                exit_code: Some(3),
+                ..ExecResponse::default()
+            };
+            write_message(s, &Message::ExecResponse(end)).unwrap();
+        });
+        let mut g = connect(&dir, &secret);
+        let open = PtyOpen {
+            program: "/bin/sh".into(),
+            rows: 30,
+            cols: 100,
+            ..PtyOpen::default()
+        };
+        let input = std::cell::OnceCell::new();
+        let (mut output, mut refused) = (Vec::new(), Vec::new());
+        let r = g
+            .pty(
+                open,
+                &mut |i| {
+                    i.data(b"exit 3\r").unwrap();
+                    i.resize(40, 120).unwrap();
+                    assert!(input.set(i).is_ok());
+                },
+                &mut |e| match e {
+                    PtyEvent::Output(d) => {
+                        output.extend_from_slice(d);
+                        if output.ends_with(b"bye\r\n") {
+                            input.get().unwrap().close().unwrap();
+                        }
+                    }
+                    PtyEvent::Refused { code, message } => {
+                        refused.push((code, message.to_string()))
+                    }
+                },
+            )
+            .unwrap();
+        assert_eq!(r.exit_code, Some(3));
+        assert_eq!(output, b"$ bye\r\n");
+        assert_eq!(
+            refused,
+            [(ErrorCode::ResourceLimit, "queue is full".to_string())]
+        );
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn refused_pty_open_is_a_guest_error() {
+        let secret = SessionSecret::random().unwrap();
+        let (dir, t) = fake_guest(secret.clone(), |s| {
+            let Message::PtyOpen(o) = read_message(s).unwrap() else {
+                panic!("expected PtyOpen")
+            };
+            let no = Message::error(o.id, ErrorCode::NotAllowed, "PTY sessions are not allowed");
+            write_message(s, &no).unwrap();
+        });
+        let mut g = connect(&dir, &secret);
+        let mut opened = false;
+        let r = g.pty(PtyOpen::default(), &mut |_| opened = true, &mut |_| {});
+        assert!(
+            matches!(
+                r,
+                Err(SandboxError::Guest {
+                    code: ErrorCode::NotAllowed,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(!opened);
         t.join().unwrap();
     }
 

@@ -7,8 +7,9 @@
 //! status), authenticates ([`guest`]) and re-keys: a new secret, a guest RNG reseed and the
 //! host's clock, then the policy under the new secret. Then [`Sandbox::exec`], [`Sandbox::write_file`],
 //! [`Sandbox::read_file`]; [`Sandbox::stop`] asks the guest to shut down and kills the VMM
-//! after a grace period. Dropping a `Sandbox` kills and reaps the VMM and removes its temp
-//! dir (the console log too, unless it was placed elsewhere with `keep_console`).
+//! after a grace period. Host directories in [`SandboxConfig::shares`] are bound to the VM's
+//! share slots and mounted in the guest before `start` returns ([`shares`]). Dropping a
+//! `Sandbox` kills and reaps the VMM and removes its temp dir (the console log too, unless it was placed elsewhere with `keep_console`).
 //!
 //! The API is blocking; async callers run it on a blocking thread. The VMM is always
 //! forked from one long-lived thread, so its parent-death signal is tied to this process.
@@ -19,6 +20,7 @@ pub mod disks;
 pub mod error;
 pub mod guest;
 pub mod image;
+pub mod shares;
 pub mod status;
 pub mod vmm_process;
 
@@ -81,6 +83,10 @@ pub struct SandboxConfig {
     /// Test hook: the VMM issues a syscall outside its seccomp filter.
     #[doc(hidden)]
     pub test_forbidden_syscall: bool,
+    /// Host directories the guest sees (at most [`shares::MAX_SHARES`]), mounted before
+    /// [`Sandbox::start`] returns. Not part of the snapshot identity: a VM restored from a
+    /// golden snapshot gets its own.
+    pub shares: Vec<shares::Share>,
 }
 
 impl SandboxConfig {
@@ -104,6 +110,7 @@ impl SandboxConfig {
             restore: None,
             snapshot_control: false,
             test_forbidden_syscall: false,
+            shares: Vec::new(),
         }
     }
 }
@@ -247,6 +254,7 @@ fn cmdline_extra(image: &GuestImage, compat: bool, extra: &[String], secret: &st
 impl Sandbox {
     /// Boots a fresh VM and authenticates to its agent.
     pub fn start(cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        shares::check(&cfg.shares, cfg.snapshot_control)?;
         check_kvm()?;
         let parent = cfg.runtime_dir.clone().unwrap_or_else(std::env::temp_dir);
         let dir = tempfile::Builder::new()
@@ -297,6 +305,7 @@ impl Sandbox {
             test_forbidden_syscall: cfg.test_forbidden_syscall,
             disks: cfg.disks.vm_disks(&cfg.image.system_disk),
             network: cfg.network.clone(),
+            shares: shares::vm_shares(&cfg.shares, cfg.disks.user),
         };
         let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
         let t0 = vmm.spawned_at();
@@ -366,6 +375,9 @@ impl Sandbox {
             let t = Instant::now();
             sb.rekey()?;
             timings.rekey = t.elapsed();
+            for (slot, s) in cfg.shares.iter().enumerate() {
+                sb.mount_share(slot as u8, &s.guest, s.read_only)?;
+            }
             timings.total = sb.vmm.spawned_at().elapsed();
         }
         sb.timings = timings;
@@ -442,6 +454,17 @@ impl Sandbox {
         self.check("exec", r)
     }
 
+    /// Runs an interactive session on a guest pseudo-terminal (see [`GuestConn::pty`]).
+    pub fn pty(
+        &mut self,
+        open: voidbox_protocol::PtyOpen,
+        on_open: &mut dyn FnMut(guest::PtyInput),
+        on_event: &mut dyn FnMut(guest::PtyEvent<'_>),
+    ) -> Result<ExecResponse, SandboxError> {
+        let r = self.conn.pty(open, on_open, on_event);
+        self.check("pty", r)
+    }
+
     /// Writes a guest file.
     pub fn write_file(
         &mut self,
@@ -466,6 +489,19 @@ impl Sandbox {
     ) -> Result<(Vec<voidbox_protocol::DirEntry>, bool), SandboxError> {
         let r = self.conn.list_dir(path);
         self.check("list_dir", r)
+    }
+
+    /// Mounts share slot `slot` (bound to a host directory when the VMM started, see
+    /// [`SandboxConfig::shares`]) at guest path `guest`; [`Sandbox::start`] does it for every
+    /// configured share.
+    pub fn mount_share(
+        &mut self,
+        slot: u8,
+        guest: &str,
+        read_only: bool,
+    ) -> Result<(), SandboxError> {
+        let r = self.conn.mount_share(slot, guest, read_only);
+        self.check("mount_share", r)
     }
 
     /// Creates a guest directory and its parents.

@@ -389,6 +389,7 @@ mod tests {
             restore: None,
             disks: Vec::new(),
             network: None,
+            shares: Vec::new(),
         };
         let l = VmmLauncher::Program {
             path: "/nonexistent/voidbox".into(),

@@ -269,6 +269,14 @@ pub fn message() -> impl Strategy<Value = Message> {
             }),
         (id(), s(), option::of(any::<u32>()))
             .prop_map(|(id, path, mode)| Message::MkdirP(MkdirP { id, path, mode })),
+        (id(), any::<u8>(), s(), any::<bool>()).prop_map(|(id, slot, path, read_only)| {
+            Message::MountShare(MountShare {
+                id,
+                slot,
+                path,
+                read_only,
+            })
+        }),
         (id(), s()).prop_map(|(id, path)| Message::FileStat(FileStat { id, path })),
         (
             id(),

@@ -139,6 +139,12 @@ pub fn samples() -> Vec<Message> {
             }],
             truncated: false,
         }),
+        Message::MountShare(MountShare {
+            id: RequestId(9),
+            slot: 1,
+            path: "/workspace/src".into(),
+            read_only: true,
+        }),
         Message::PtyOpen(PtyOpen {
             id: RequestId(9),
             program: "/bin/sh".into(),

@@ -41,7 +41,8 @@ pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
 /// header ([`SnapshotHeader::memory_regions`]) and stored back to back in the memory file.
 /// Version 4: virtio-blk disks in the device state (`block` slots before `vsock`).
 /// Version 5: the virtio-net device in the device state (a `net` slot after the disks).
-pub const FORMAT_VERSION: u32 = 5;
+/// Version 6: the virtio-9p share slots in the device state (four `p9` slots after vsock).
+pub const FORMAT_VERSION: u32 = 6;
 /// Largest header accepted.
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;
 /// Largest state blob accepted (the real one is ≈10 KB per vCPU plus device buffers).
@@ -748,8 +749,8 @@ mod tests {
         data[0] ^= 1;
         assert!(matches!(decode(&data, None), Err(SnapshotError::BadMagic)));
         // Version 1 (whole-file memory digest), 2 (one memory region), 3 (no disks), 4 (no
-        // network device) and a future version are all refused.
-        for v in [1u32, 2, 3, 4, FORMAT_VERSION + 1] {
+        // network device), 5 (no share slots) and a future version are all refused.
+        for v in [1u32, 2, 3, 4, 5, FORMAT_VERSION + 1] {
             let mut data = sample();
             data[8..12].copy_from_slice(&v.to_le_bytes());
             assert!(matches!(

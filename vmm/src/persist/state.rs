@@ -8,10 +8,11 @@ use super::format::SnapshotKey;
 use super::vcpu::{VcpuCaps, VcpuState};
 use super::vm_state::VmState;
 use super::PersistError;
-use crate::config::VmConfig;
+use crate::config::{VmConfig, SHARE_SLOTS};
 use crate::devices::block::disk_name;
 use crate::devices::block::persist::BlockState;
 use crate::devices::net::persist::{fmt_mac, NetState};
+use crate::devices::p9::persist::P9State;
 use crate::devices::serial::persist::SerialDeviceState;
 use crate::devices::virtio::mmio::persist::MmioTransportState;
 use crate::devices::vsock::persist::VsockBackendState;
@@ -24,7 +25,8 @@ pub fn device_names(cfg: &VmConfig) -> Vec<String> {
 }
 
 /// The virtio-mmio devices of a VM built from `cfg`, in bus order: one `block` per disk
-/// (`/dev/vda` first), then `net` (with a network config), then `vsock`.
+/// (`/dev/vda` first), then `net` (with a network config), then `vsock`, then the
+/// [`SHARE_SLOTS`] share slots (`p9`, bound or not: the binding is not part of the key).
 pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
     let mut d = vec!["block"; cfg.disks.len()];
     if cfg.network.is_some() {
@@ -33,6 +35,7 @@ pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
     if cfg.vsock_uds.is_some() {
         d.push("vsock");
     }
+    d.extend([crate::devices::p9::SNAPSHOT_NAME; SHARE_SLOTS]);
     d
 }
 
@@ -56,6 +59,8 @@ pub enum VirtioDeviceState {
     Net(NetState),
     /// The vsock device (its backend; connections are reset on restore).
     Vsock(VsockBackendState),
+    /// A share slot (transport side only; the restored VM binds its own directory).
+    P9(P9State),
 }
 
 impl VirtioDeviceState {
@@ -65,6 +70,7 @@ impl VirtioDeviceState {
             VirtioDeviceState::Block(_) => "block",
             VirtioDeviceState::Net(_) => "net",
             VirtioDeviceState::Vsock(_) => "vsock",
+            VirtioDeviceState::P9(_) => crate::devices::p9::SNAPSHOT_NAME,
         }
     }
 }
@@ -180,7 +186,7 @@ impl SnapshotState {
                         ),
                     ));
                 }
-                VirtioDeviceState::Vsock(_) => {}
+                VirtioDeviceState::Vsock(_) | VirtioDeviceState::P9(_) => {}
                 VirtioDeviceState::Net(n) => {
                     // The device list matched, so there is a network config.
                     if let Some(net) = &cfg.network {
@@ -257,6 +263,26 @@ mod tests {
                 device: VirtioDeviceState::Vsock(backend),
             });
         }
+        for slot in 0..SHARE_SLOTS {
+            use crate::devices::p9::{P9Device, Share, P9};
+            let p9 = || {
+                P9::new(
+                    slot,
+                    Share::unbound(),
+                    Arc::new(Interrupt::new(evt())),
+                    None,
+                )
+            };
+            let t = crate::devices::virtio::mmio::MmioTransport::new(
+                Box::new(P9Device::new(Arc::new(std::sync::Mutex::new(p9())))),
+                crate::memory::create_guest_memory(1 << 20).unwrap(),
+                Arc::new(Interrupt::new(evt())),
+            );
+            virtio.push(VirtioSlotState {
+                transport: t.save(),
+                device: VirtioDeviceState::P9(p9().save().unwrap()),
+            });
+        }
         SnapshotState {
             vm: vm_sample(),
             vcpus: (0..vcpus).map(vcpu_sample).collect(),
@@ -267,11 +293,26 @@ mod tests {
     #[test]
     fn key_follows_config() {
         let k = snapshot_key(&cfg(2, true));
-        assert_eq!(k.devices, ["serial", "i8042", "vsock"]);
+        assert_eq!(
+            k.devices,
+            ["serial", "i8042", "vsock", "p9", "p9", "p9", "p9"]
+        );
         assert_eq!(k.vcpus, 2);
         assert_eq!(k.memory_size, 256 << 20);
         assert_eq!(k.image_hash, "h1");
-        assert_eq!(snapshot_key(&cfg(1, false)).devices, ["serial", "i8042"]);
+        assert_eq!(
+            snapshot_key(&cfg(1, false)).devices,
+            ["serial", "i8042", "p9", "p9", "p9", "p9"]
+        );
+        // Binding a share does not change the key.
+        let mut bound = cfg(2, true);
+        bound.shares = vec![crate::config::ShareConfig {
+            path: "/srv".into(),
+            read_only: false,
+            guest_uid: 1000,
+            guest_gid: 1000,
+        }];
+        assert_eq!(snapshot_key(&bound), k);
     }
 
     #[test]
@@ -323,7 +364,7 @@ mod tests {
         c.disks = vec![disk("/sys.img", true), disk("/data.img", false)];
         assert_eq!(
             snapshot_key(&c).devices,
-            ["serial", "i8042", "block", "block", "vsock"]
+            ["serial", "i8042", "block", "block", "vsock", "p9", "p9", "p9", "p9"]
         );
         let mut s = state(1, true);
         let t = s.devices.virtio[0].transport.clone();
@@ -380,7 +421,7 @@ mod tests {
         c.network = Some(serde_json::from_str("{}").unwrap());
         assert_eq!(
             snapshot_key(&c).devices,
-            ["serial", "i8042", "block", "net", "vsock"]
+            ["serial", "i8042", "block", "net", "vsock", "p9", "p9", "p9", "p9"]
         );
         assert_ne!(snapshot_key(&c), snapshot_key(&no_net));
         let mut s = state(1, true);

@@ -9,7 +9,7 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::devices::{new_nat, open_disks, Attach, Console, VirtioBackend};
+use super::devices::{new_nat, open_disks, open_shares, Attach, Console, VirtioBackend};
 use super::kvm::{create_vcpus, create_vm, register_memory};
 use super::{bind_vsock_socket, memory_size, setup, Vm, VmError};
 use crate::boot;
@@ -17,6 +17,7 @@ use crate::config::{build_cmdline, MmioAnnouncement, VmConfig};
 use crate::devices::block::{Block, BlockDevice};
 use crate::devices::net::thread::NetThread;
 use crate::devices::net::{NetBackend, NetDevice, NetKicks};
+use crate::devices::p9::{P9Device, P9};
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
@@ -28,6 +29,7 @@ use crate::vcpu::configure_vcpu;
 /// Builds a VM that boots `cfg.kernel` (everything up to, not including, the first KVM_RUN).
 pub(super) fn boot(cfg: &VmConfig, kvm: Kvm, caps: VcpuCaps, t0: Instant) -> Result<Vm, VmError> {
     let disks = open_disks(cfg)?;
+    let shares = open_shares(cfg)?;
     let vm_fd = create_vm(&kvm)?;
     let mem = create_guest_memory(memory_size(cfg)).map_err(setup("guest memory"))?;
     register_memory(&vm_fd, &mem)?;
@@ -73,6 +75,18 @@ pub(super) fn boot(cfg: &VmConfig, kvm: Kvm, caps: VcpuCaps, t0: Instant) -> Res
         let dev = VsockDevice::new(backend.clone(), kick.clone());
         let transport = MmioTransport::new(Box::new(dev), mem.clone(), slot.irq.clone());
         devices.attach_vsock(slot, transport, backend, listener, kick)?;
+    }
+    for (index, share) in shares.into_iter().enumerate() {
+        let slot = devices.next_virtio_slot("p9")?;
+        let p9 = Arc::new(Mutex::new(P9::new(
+            index,
+            share,
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+        )));
+        let dev = P9Device::new(p9.clone());
+        let transport = MmioTransport::new(Box::new(dev), mem.clone(), slot.irq.clone());
+        devices.attach_virtio(slot, transport, VirtioBackend::P9(p9))?;
     }
 
     let vcpus = create_vcpus(&vm_fd, cfg.vcpus)?;

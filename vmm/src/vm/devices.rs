@@ -2,7 +2,8 @@
 //! ([`super::restore`]): the console log, the serial port and the i8042 reset port on the
 //! port bus, and the virtio-mmio slots — the disks first (`/dev/vda`, `/dev/vdb`, … in
 //! config order, so `/dev/vda` stays the system disk), then the network device (only with a
-//! `network` config), then vsock — each with its 4 KiB register window, its IRQ (an irqfd)
+//! `network` config), then vsock, then the [`SHARE_SLOTS`] virtio-9p share slots (always,
+//! bound or not) — each with its 4 KiB register window, its IRQ (an irqfd)
 //! and its `virtio_mmio.device=` announcement. The two paths differ only in how each device is
 //! made: new, or from its own `persist` state.
 
@@ -19,12 +20,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{setup, VmError};
 use crate::bus::Bus;
-use crate::config::{ConfigError, MmioAnnouncement, VmConfig};
+use crate::config::{ConfigError, MmioAnnouncement, VmConfig, SHARE_SLOTS};
 use crate::devices::block::disk::{Disk, DiskError};
 use crate::devices::block::Block;
 use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::net::thread::NetThread;
 use crate::devices::net::NetBackend;
+use crate::devices::p9::{Share, P9};
 use crate::devices::serial::{
     ConsoleLog, ConsoleTail, SerialDevice, SERIAL_IRQ, SERIAL_PORT_BASE, SERIAL_PORT_LEN,
 };
@@ -34,7 +36,7 @@ use crate::devices::vsock::muxer::Muxer;
 use crate::devices::vsock::VsockBackend;
 use crate::exit::VmEvent;
 use crate::memory::{VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
-use crate::seccomp::DiskFd;
+use crate::seccomp::{DiskFd, ShareAccess};
 
 /// A virtio-mmio slot as the snapshot code sees it: the transport and the device's state.
 pub(crate) struct VirtioSlot {
@@ -50,6 +52,8 @@ pub(crate) enum VirtioBackend {
     Net(Arc<Mutex<NetBackend>>),
     /// The vsock device.
     Vsock(Arc<Mutex<VsockBackend>>),
+    /// A share slot.
+    P9(Arc<Mutex<P9>>),
 }
 
 /// Opens and locks every configured disk, in order (before seccomp; the files stay open for
@@ -68,6 +72,23 @@ pub(super) fn open_disks(cfg: &VmConfig) -> Result<Vec<Disk>, VmError> {
             })
         })
         .collect()
+}
+
+/// Binds every share slot: slot `i` to `cfg.shares[i]`, the others unbound (before
+/// seccomp: each bound share opens its descriptors here). With a share bound, the
+/// descriptor limit is raised to its hard limit (every fid the guest holds is a
+/// descriptor). A share that cannot be bound is a config error naming it.
+pub(super) fn open_shares(cfg: &VmConfig) -> Result<Vec<Share>, VmError> {
+    let shares = (0..SHARE_SLOTS)
+        .map(|i| match cfg.shares.get(i) {
+            Some(s) => Share::open(s).map_err(|e| VmError::Config(ConfigError::Share(e))),
+            None => Ok(Share::unbound()),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !cfg.shares.is_empty() {
+        crate::devices::p9::share::raise_nofile_limit();
+    }
+    Ok(shares)
 }
 
 /// The VM's own NAT, built in the VMM process before seccomp (it reads the host's
@@ -138,9 +159,24 @@ impl DeviceSet {
                         writable: !b.disk().read_only(),
                     })
                 }
-                VirtioBackend::Net(_) | VirtioBackend::Vsock(_) => None,
+                VirtioBackend::Net(_) | VirtioBackend::Vsock(_) | VirtioBackend::P9(_) => None,
             })
             .collect()
+    }
+
+    /// What the bound shares need from the seccomp filter.
+    pub fn share_access(&self) -> ShareAccess {
+        let mut access = ShareAccess::default();
+        for s in &self.virtio {
+            if let VirtioBackend::P9(p) = &s.backend {
+                let p = crate::devices::p9::lock(p);
+                if p.share().is_bound() {
+                    access.bound = true;
+                    access.writable |= !p.share().read_only();
+                }
+            }
+        }
+        access
     }
 }
 

@@ -39,7 +39,7 @@ use crate::exit::{ExitCode, Outcome, VmEvent};
 use crate::memory::GuestMem;
 use crate::persist::format::SnapshotKey;
 use crate::persist::vcpu::VcpuCaps;
-use crate::seccomp::{DiskFd, FilterKind, FilterParams, SeccompError, ThreadSeccomp};
+use crate::seccomp::{DiskFd, FilterKind, FilterParams, SeccompError, ShareAccess, ThreadSeccomp};
 use crate::status::StatusWriter;
 use crate::vcpu::{kick_signal, VcpuCommand, VcpuRunner};
 
@@ -176,6 +176,7 @@ impl Vm {
     ) -> Result<Running, VmError> {
         crate::vcpu::install_kick_handler().map_err(setup("signal handler"))?;
         let disk_fds = self.devices.disk_fds();
+        let share_access = self.devices.share_access();
         let DeviceSet {
             pio,
             mmio,
@@ -299,6 +300,7 @@ impl Vm {
             console_tail,
             console_fd,
             disk_fds,
+            share_access,
             virtio,
             stop,
             vcpu_threads,
@@ -323,6 +325,7 @@ pub struct Running {
     console_tail: Arc<Mutex<ConsoleTail>>,
     console_fd: RawFd,
     disk_fds: Vec<DiskFd>,
+    share_access: ShareAccess,
     virtio: Vec<VirtioSlot>,
     stop: Arc<AtomicBool>,
     vcpu_threads: Vec<JoinHandle<()>>,
@@ -347,12 +350,13 @@ pub struct Deadlines {
 impl Running {
     /// Installs the seccomp filter on every thread (see [`crate::seccomp`]): built for this
     /// process with the console log and disk descriptors, the snapshot syscalls with
-    /// `snapshot`, and the net thread's own filter when the VM has a network device. Call
-    /// before [`Running::release`].
+    /// `snapshot`, what bound shares need, and the net thread's own filter when the VM has a
+    /// network device. Call before [`Running::release`].
     pub fn install_seccomp(&self, snapshot: bool) -> Result<(), SeccompError> {
         let params = FilterParams::for_this_process(snapshot, Some(self.console_fd))
             .with_disks(&self.disk_fds)
-            .with_network(self.net_report.is_some());
+            .with_network(self.net_report.is_some())
+            .with_shares(self.share_access);
         crate::seccomp::install(&params, &self.seccomp)
     }
 

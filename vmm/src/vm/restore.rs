@@ -4,7 +4,8 @@
 //! built from the config, the decoded state's bounds, the disks' count and modes) before the
 //! VM is created; the devices then validate their own state before they are built (each disk
 //! against the file the config names, reopened here; the network device against the configured
-//! MAC, with a new NAT from this config), and KVM validates the CPU state before
+//! MAC, with a new NAT from this config; each share slot bound to this config's directory),
+//! and KVM validates the CPU state before
 //! any vCPU runs. Any refusal is a [`VmError::Snapshot`] and the VMM exits without having
 //! run the guest.
 
@@ -16,13 +17,14 @@ use std::time::Instant;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::devices::{new_nat, open_disks, Attach, Console, VirtioBackend};
+use super::devices::{new_nat, open_disks, open_shares, Attach, Console, VirtioBackend};
 use super::kvm::{create_vcpus, create_vm, register_memory};
 use super::{bind_vsock_socket, memory_size, setup, RestoreTimes, Vm, VmError};
 use crate::config::VmConfig;
 use crate::devices::block::{Block, BlockDevice};
 use crate::devices::net::thread::NetThread;
 use crate::devices::net::{NetBackend, NetDevice, NetKicks};
+use crate::devices::p9::{P9Device, P9};
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
@@ -56,6 +58,7 @@ pub(super) fn restore(
     let snap = load(cfg, dir, &caps)?;
     let verify = t_load.elapsed();
     let disks = open_disks(cfg)?;
+    let shares = open_shares(cfg)?;
     let vm_fd = create_vm(&kvm)?;
     let mem = map_memory(&snap, memory_size(cfg))?;
     register_memory(&vm_fd, &mem)?;
@@ -150,6 +153,30 @@ pub(super) fn restore(
         // Let the muxer look at the queues (and send the resets) at once.
         kick.write(1).map_err(setup("eventfd"))?;
         devices.attach_vsock(slot, transport, backend, listener, kick)?;
+    }
+    // The share slots: the transport and queue from the snapshot, the binding from this
+    // config (nothing was mounted when the snapshot was taken).
+    for (index, share) in shares.into_iter().enumerate() {
+        let state = next_slot("p9")?;
+        let VirtioDeviceState::P9(ps) = &state.device else {
+            return Err(refused(format!(
+                "share slot {index} is {} in the snapshot",
+                state.device.name()
+            )));
+        };
+        let slot = devices.next_virtio_slot("p9")?;
+        let p9 = P9::restore(
+            ps,
+            index,
+            share,
+            mem.clone(),
+            slot.irq.clone(),
+            Some(events_tx.clone()),
+        )
+        .map_err(refused)?;
+        let p9 = Arc::new(Mutex::new(p9));
+        let transport = restore_transport(P9Device::new(p9.clone()), &mem, &slot, state)?;
+        devices.attach_virtio(slot, transport, VirtioBackend::P9(p9))?;
     }
 
     let vcpus = create_vcpus(&vm_fd, cfg.vcpus)?;

@@ -20,6 +20,7 @@ use super::devices::VirtioBackend;
 use super::Running;
 use crate::devices::block::Block;
 use crate::devices::net::NetBackend;
+use crate::devices::p9::P9;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::VsockBackend;
 use crate::persist::format::{encode_state, save};
@@ -68,6 +69,7 @@ enum SlotGuard<'a> {
     Block(MutexGuard<'a, MmioTransport>, MutexGuard<'a, Block>),
     Net(MutexGuard<'a, MmioTransport>, MutexGuard<'a, NetBackend>),
     Vsock(MutexGuard<'a, MmioTransport>, MutexGuard<'a, VsockBackend>),
+    P9(MutexGuard<'a, MmioTransport>, MutexGuard<'a, P9>),
 }
 
 impl Running {
@@ -122,6 +124,10 @@ impl Running {
                     s.transport.lock().unwrap_or_else(|p| p.into_inner()),
                     crate::devices::vsock::lock(b),
                 ),
+                VirtioBackend::P9(b) => SlotGuard::P9(
+                    s.transport.lock().unwrap_or_else(|p| p.into_inner()),
+                    crate::devices::p9::lock(b),
+                ),
             })
             .collect();
         let vm = VmState::capture(&self.vm_fd).map_err(|e| e.to_string())?;
@@ -129,21 +135,28 @@ impl Running {
             serial: serial.save(),
             virtio: slots
                 .iter()
-                .map(|g| match g {
-                    SlotGuard::Block(t, b) => VirtioSlotState {
-                        transport: t.save(),
-                        device: VirtioDeviceState::Block(b.save()),
-                    },
-                    SlotGuard::Net(t, b) => VirtioSlotState {
-                        transport: t.save(),
-                        device: VirtioDeviceState::Net(b.save()),
-                    },
-                    SlotGuard::Vsock(t, b) => VirtioSlotState {
-                        transport: t.save(),
-                        device: VirtioDeviceState::Vsock(b.save()),
-                    },
+                .map(|g| {
+                    Ok(match g {
+                        SlotGuard::Block(t, b) => VirtioSlotState {
+                            transport: t.save(),
+                            device: VirtioDeviceState::Block(b.save()),
+                        },
+                        SlotGuard::Net(t, b) => VirtioSlotState {
+                            transport: t.save(),
+                            device: VirtioDeviceState::Net(b.save()),
+                        },
+                        SlotGuard::Vsock(t, b) => VirtioSlotState {
+                            transport: t.save(),
+                            device: VirtioDeviceState::Vsock(b.save()),
+                        },
+                        // Refused while a share is mounted (see `devices::p9::persist`).
+                        SlotGuard::P9(t, b) => VirtioSlotState {
+                            transport: t.save(),
+                            device: VirtioDeviceState::P9(b.save()?),
+                        },
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, String>>()?,
         };
         let blob =
             encode_state(&SnapshotState { vm, vcpus, devices }).map_err(|e| e.to_string())?;

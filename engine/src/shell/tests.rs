@@ -1,0 +1,188 @@
+//! Host-side tests of `voidbox shell`: arguments, specs, settings. The sessions themselves
+//! run on real VMs in `tests/tests/shell_cli.rs`.
+
+use clap::Parser;
+
+use super::*;
+use crate::plan::compile_for_test;
+
+#[derive(Debug, clap::Parser)]
+struct T {
+    #[command(flatten)]
+    a: ShellArgs,
+}
+
+fn args(argv: &[&str]) -> ShellArgs {
+    T::try_parse_from(std::iter::once("shell").chain(argv.iter().copied()))
+        .unwrap()
+        .a
+}
+
+#[test]
+fn flags_parse_with_defaults() {
+    let a = args(&[]);
+    assert_eq!(a.program, DEFAULT_PROGRAM);
+    assert_eq!((a.spec, a.memory_mb, a.vcpus), (None, None, None));
+    let a = args(&[
+        "box.yaml",
+        "--program",
+        "/usr/bin/env",
+        "--arg",
+        "-i",
+        "--memory-mb",
+        "128",
+        "--vcpus",
+        "2",
+        "-e",
+        "A=1",
+        "--mount",
+        ".:/w:rw",
+        "--allow-host-port",
+        "8080",
+    ]);
+    assert_eq!(a.spec.as_deref(), Some(std::path::Path::new("box.yaml")));
+    assert_eq!(
+        (a.program.as_str(), a.args.as_slice()),
+        ("/usr/bin/env", &["-i".to_string()][..])
+    );
+    assert_eq!((a.memory_mb, a.vcpus), (Some(128), Some(2)));
+    assert_eq!(a.mounts, [".:/w:rw"]);
+    assert_eq!(
+        a.network.policy().unwrap().unwrap().allow_host_ports,
+        [8080]
+    );
+    assert!(T::try_parse_from(["shell", "--memory-mb", "63"]).is_err());
+    assert!(T::try_parse_from(["shell", "--timeout", "0"]).is_err());
+}
+
+#[test]
+fn env_pairs() {
+    let ok = parse_env(&["A=1".into(), "B=x=y".into(), "C=".into()]).unwrap();
+    assert_eq!(
+        ok,
+        [
+            ("A".into(), "1".into()),
+            ("B".into(), "x=y".into()),
+            ("C".into(), String::new())
+        ]
+    );
+    assert!(parse_env(&["=1".into()])
+        .unwrap_err()
+        .contains("NAME=VALUE"));
+    assert!(parse_env(&["A".into()]).unwrap_err().contains("`A`"));
+}
+
+const SANDBOX: &str = r#"
+api_version: v1
+kind: sandbox
+name: dev
+sandbox:
+  memory_mb: 512
+  vcpus: 2
+  network: true
+  env: {EDITOR: vi}
+  allowed_commands: [python3]
+"#;
+
+#[test]
+fn a_sandbox_without_run_is_opened_with_its_settings() {
+    let plan = compile_for_test(SANDBOX);
+    let s = Setup::new(&args(&["-e", "A=1", "-e", "EDITOR=nano"]), Some(&plan)).unwrap();
+    let node = s.node.as_ref().unwrap();
+    assert_eq!((node.sandbox.memory_mb, node.sandbox.vcpus), (512, 2));
+    // The spec's variables first, the flags' after (the later one wins in the guest).
+    assert_eq!(
+        s.env,
+        [
+            ("EDITOR".into(), "vi".into()),
+            ("A".into(), "1".into()),
+            ("EDITOR".into(), "nano".into())
+        ]
+    );
+    assert!(s.network.as_ref().unwrap().public_egress);
+    assert_eq!(s.timeout.secs, crate::limits::MAX_TIMEOUT_SECS);
+    // Network flags replace the spec's policy.
+    let s = Setup::new(
+        &args(&["--allow-host-port", "9", "--timeout", "60"]),
+        Some(&plan),
+    )
+    .unwrap();
+    assert_eq!(s.network.unwrap().allow_host_ports, [9]);
+    assert_eq!(s.timeout.secs, 60);
+    // Without a spec: no network unless asked for.
+    let s = Setup::new(&args(&[]), None).unwrap();
+    assert!(s.node.is_none() && s.network.is_none() && s.env.is_empty());
+}
+
+#[test]
+fn specs_that_run_something_are_refused() {
+    let run = SANDBOX.replace("name: dev", "name: dev\nrun: {program: echo}");
+    let e = interactive_node(&compile_for_test(&run)).unwrap_err();
+    assert!(
+        e.contains("runs a command") && e.contains("voidbox apply"),
+        "{e}"
+    );
+    let agent = |mode: &str| {
+        format!("api_version: v1\nkind: agent\nname: a\nagent:\n  prompt: hi\n  mode: {mode}\n")
+    };
+    let e = interactive_node(&compile_for_test(&agent("task"))).unwrap_err();
+    assert!(e.contains("mode: interactive"), "{e}");
+    let node = interactive_node(&compile_for_test(&agent("interactive"))).unwrap();
+    assert_eq!(node.name, "a");
+    let pipeline = r#"
+api_version: v1
+kind: pipeline
+name: p
+pipeline:
+  boxes:
+    - {name: a, run: {program: echo}}
+    - {name: b, run: {program: echo}}
+  stages: [{type: box, name: a}, {type: box, name: b}]
+"#;
+    let e = interactive_node(&compile_for_test(pipeline)).unwrap_err();
+    assert!(e.contains("is a pipeline"), "{e}");
+    let mock = SANDBOX.replace("memory_mb: 512", "memory_mb: 512\n  mode: mock");
+    assert!(interactive_node(&compile_for_test(&mock))
+        .unwrap_err()
+        .contains("mock"));
+}
+
+#[test]
+fn mounts_become_shares_and_missing_rw_dirs_are_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = format!("{}:/workspace/w:rw", dir.path().display());
+    let missing = dir.path().join("new");
+    let new = format!("{}:/workspace/n:rw", missing.display());
+    let s = Setup::new(&args(&["--mount", &host, "--mount", &new]), None).unwrap();
+    assert!(missing.is_dir(), "a missing rw directory is created");
+    let shares = crate::mount_flag::shares(&s.mounts);
+    assert_eq!(shares.len(), 2);
+    assert_eq!(shares[1].host, missing);
+    assert_eq!(
+        (shares[0].guest.as_str(), shares[0].read_only),
+        ("/workspace/w", false)
+    );
+    // Bad mounts are usage errors, found before a VM starts.
+    let e = Setup::new(&args(&["--mount", "nowhere-7f3a:/w"]), None).unwrap_err();
+    assert!(e.contains("nowhere-7f3a"), "{e}");
+    let e = Setup::new(&args(&["--mount", &host, "--mount", &host]), None).unwrap_err();
+    assert!(e.contains("overlap"), "{e}");
+    let e = Setup::new(
+        &args(&["--mount", &format!("{}:/tmp", dir.path().display())]),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("/tmp"), "{e}");
+    // The spec's mounts come first, the flags' after.
+    let spec = SANDBOX.replace(
+        "allowed_commands: [python3]",
+        &format!(
+            "allowed_commands: [python3]\n  mounts: [{{host: {}, guest: /workspace/s}}]",
+            dir.path().display()
+        ),
+    );
+    let s = Setup::new(&args(&["--mount", &host]), Some(&compile_for_test(&spec))).unwrap();
+    let guests: Vec<_> = s.mounts.iter().map(|m| m.guest.as_str()).collect();
+    assert_eq!(guests, ["/workspace/s", "/workspace/w"]);
+    assert!(s.mounts[0].read_only);
+}

@@ -1,0 +1,343 @@
+//! `voidbox shell` end to end on real micro-VMs, driven through a real terminal: a detached
+//! `tmux` session (its own server socket) types into the host shell that starts voidbox
+//! and reads the pane back. Each VM is restored from the 128 MiB golden snapshot. Needs
+//! `tmux` (`apt-get install -y tmux`); see `voidbox_tests::vm` for skipping without KVM.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use voidbox_tests::vm::{child_pids, guest_image};
+
+const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+/// A restore takes seconds here; a golden snapshot made on first use, a minute or more.
+const GUEST_UP: Duration = Duration::from_secs(240);
+const STEP: Duration = Duration::from_secs(60);
+/// The guest shell's prompt (set with `-e PS1=…`).
+const GUEST_PROMPT: &str = "vb>";
+
+/// A tmux server of its own with one session `t`, running `sh` with a known prompt.
+struct Tmux {
+    dir: tempfile::TempDir,
+    sock: PathBuf,
+}
+
+impl Tmux {
+    fn start(cols: u16, rows: u16) -> Tmux {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("tmux.sock");
+        let t = Tmux { dir, sock };
+        let (x, y) = (cols.to_string(), rows.to_string());
+        t.tmux(&[
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            &x,
+            "-y",
+            &y,
+            "PS1='host$ ' exec sh",
+        ]);
+        t.wait_line(STEP, |l| l.starts_with("host$"));
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.sock)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run tmux ({e}); the shell tests need it: apt-get install -y tmux")
+            });
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `text` and Enter.
+    fn line(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "t", "-l", text]);
+        self.tmux(&["send-keys", "-t", "t", "Enter"]);
+    }
+
+    /// The pane's lines (wrapped lines joined, trailing blanks trimmed).
+    fn pane(&self) -> Vec<String> {
+        self.tmux(&["capture-pane", "-p", "-J", "-t", "t"])
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .collect()
+    }
+
+    /// Waits until a pane line matches `pred`; panics with the pane after `limit`.
+    fn wait_line(&self, limit: Duration, pred: impl Fn(&str) -> bool) {
+        self.wait(limit, |pane| pane.iter().any(|l| pred(l)));
+    }
+
+    /// Waits until the pane satisfies `pred`; panics with the pane after `limit`.
+    fn wait(&self, limit: Duration, pred: impl Fn(&[String]) -> bool) {
+        let t0 = Instant::now();
+        loop {
+            let pane = self.pane();
+            if pred(&pane) {
+                return;
+            }
+            if t0.elapsed() > limit {
+                panic!("timed out after {limit:?}; pane:\n{}", pane.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until a line equals `want`.
+    fn wait_for(&self, want: &str) {
+        self.wait_line(STEP, |l| l == want);
+    }
+
+    /// Starts `voidbox shell ARGS` from the host shell; its exit status goes to `rc`, the
+    /// terminal's settings afterwards to `stty`. Waits for the guest prompt.
+    fn start_shell(&self, args: &str) {
+        let d = self.dir.path().display();
+        self.line(&format!(
+            "{VOIDBOX} shell --memory-mb 128 -e 'PS1={GUEST_PROMPT} ' {args}; echo rc=$? > {d}/rc; stty -a > {d}/stty"
+        ));
+        self.wait_line(GUEST_UP, |l| l.starts_with(GUEST_PROMPT));
+    }
+
+    /// Waits for voidbox to end; returns its exit status and checks that the host
+    /// terminal is back in canonical mode with echo.
+    fn shell_status(&self) -> i32 {
+        let rc = self.dir.path().join("rc");
+        let t0 = Instant::now();
+        let text = loop {
+            match std::fs::read_to_string(&rc) {
+                Ok(t) if t.ends_with('\n') => break t,
+                _ if t0.elapsed() > STEP => {
+                    panic!("voidbox did not end; pane:\n{}", self.pane().join("\n"))
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        self.wait_line(STEP, |l| l.starts_with("host$"));
+        let stty = std::fs::read_to_string(self.dir.path().join("stty")).unwrap_or_default();
+        let flags: Vec<&str> = stty.split_whitespace().collect();
+        for f in ["icanon", "echo", "isig", "icrnl", "opost"] {
+            assert!(flags.contains(&f), "terminal not restored ({f}): {stty}");
+        }
+        let code = text.trim().strip_prefix("rc=").unwrap_or_default();
+        code.parse()
+            .unwrap_or_else(|_| panic!("bad status {text:?}"))
+    }
+
+    /// The voidbox process the pane's shell started, and its VMM.
+    fn voidbox_and_vmm(&self) -> (u32, u32) {
+        let sh: u32 = self
+            .tmux(&["display", "-p", "-t", "t", "#{pane_pid}"])
+            .trim()
+            .parse()
+            .unwrap();
+        let vb = child_pids(sh);
+        assert_eq!(
+            vb.len(),
+            1,
+            "expected voidbox under the pane's shell: {vb:?}"
+        );
+        let vmm = child_pids(vb[0]);
+        assert_eq!(vmm.len(), 1, "expected one VMM under voidbox: {vmm:?}");
+        (vb[0], vmm[0])
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.sock)
+            .arg("kill-server")
+            .status();
+    }
+}
+
+fn gone(pid: u32) -> bool {
+    let t0 = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn shell_runs_commands_follows_resizes_and_returns_the_exit_code() {
+    if guest_image().is_none() {
+        return;
+    }
+    let t = Tmux::start(100, 30);
+    t.start_shell("");
+    t.line("echo $((6*7))");
+    t.wait_for("42");
+    t.line("stty size");
+    t.wait_for("30 100");
+    t.tmux(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    // SIGWINCH → PtyResize reaches the guest well before the next keystrokes.
+    std::thread::sleep(Duration::from_millis(500));
+    t.line("stty size");
+    t.wait_for("40 120");
+    // Ctrl-C is a byte for the guest: it interrupts the guest's `sleep`, not voidbox.
+    t.line("sleep 60");
+    std::thread::sleep(Duration::from_secs(3));
+    let interrupted = Instant::now();
+    t.tmux(&["send-keys", "-t", "t", "C-c"]);
+    t.line("echo after-$((1+1))");
+    t.wait_for("after-2");
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(30),
+        "Ctrl-C did not reach the guest"
+    );
+    t.line("exit 3");
+    assert_eq!(t.shell_status(), 3);
+}
+
+#[test]
+fn sigterm_hangs_the_session_up_and_restores_the_terminal() {
+    if guest_image().is_none() {
+        return;
+    }
+    let t = Tmux::start(100, 30);
+    t.start_shell("");
+    let (vb, vmm) = t.voidbox_and_vmm();
+    let st = Command::new("kill")
+        .args(["-TERM", &vb.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(t.shell_status(), 128 + 15);
+    assert!(gone(vmm), "the VMM {vmm} outlived voidbox");
+    assert!(
+        t.pane()
+            .iter()
+            .any(|l| l.contains("session hung up on SIGTERM")),
+        "{}",
+        t.pane().join("\n")
+    );
+}
+
+#[test]
+fn a_dying_vm_is_reported_and_the_terminal_restored() {
+    if guest_image().is_none() {
+        return;
+    }
+    let t = Tmux::start(100, 30);
+    t.start_shell("");
+    let (_, vmm) = t.voidbox_and_vmm();
+    let st = Command::new("kill")
+        .args(["-9", &vmm.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(t.shell_status(), 125);
+    let pane = t.pane().join("\n");
+    assert!(
+        pane.contains("the VM died during pty") && pane.contains("SIGKILL"),
+        "{pane}"
+    );
+}
+
+#[test]
+fn without_a_terminal_a_spec_sandbox_runs_piped_input() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = voidbox_tests::write_file(
+        dir.path(),
+        "dev.yaml",
+        "api_version: v1\nkind: sandbox\nname: dev\nsandbox:\n  memory_mb: 128\n  env: {GREETING: from-spec}\n",
+    );
+    let (code, stdout, stderr) =
+        piped_shell(&[&spec], "echo \"$GREETING $((2+3))\"; stty size\nexit 5\n");
+    assert_eq!(code, Some(5), "stdout: {stdout}\nstderr: {stderr}");
+    // The guest terminal echoes the input; the expansions show only in the output.
+    assert!(stdout.contains("from-spec 5"), "stdout: {stdout}");
+    assert!(stdout.contains("24 80"), "default size; stdout: {stdout}");
+}
+
+/// Runs `voidbox shell ARGS` with `input` piped to it; returns (exit code, stdout, stderr).
+fn piped_shell(args: &[&str], input: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(VOIDBOX)
+        .arg("shell")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn mounts_share_host_directories_read_only_and_read_write() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    std::fs::write(dir.path().join("in/hello.txt"), "hello-from-host\n").unwrap();
+    let ro = format!("{}/in:/workspace/in", dir.path().display());
+    // Missing on the host: created because it is `rw`.
+    let rw = format!("{}/out:/workspace/out:rw", dir.path().display());
+    let (code, stdout, stderr) = piped_shell(
+        &["--memory-mb", "128", "--mount", &ro, "--mount", &rw],
+        "cat /workspace/in/hello.txt; echo from-guest > /workspace/out/f; \
+         touch /workspace/in/x 2>/dev/null || echo ro-$((6*7))\nexit 0\n",
+    );
+    assert_eq!(code, Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("hello-from-host"), "stdout: {stdout}");
+    assert!(
+        stdout.contains("ro-42"),
+        "the ro share was writable: {stdout}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/f")).unwrap_or_default(),
+        "from-guest\n",
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(!dir.path().join("in/x").exists());
+}
+
+#[test]
+fn bad_mounts_are_usage_errors_before_a_vm_starts() {
+    let out = Command::new(VOIDBOX)
+        .args(["shell", "--mount", "relative-only"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HOST:GUEST"));
+    let out = Command::new(VOIDBOX)
+        .args(["shell", "--mount", "/nonexistent-5e1c:/workspace/x"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent-5e1c"), "{stderr}");
+}
