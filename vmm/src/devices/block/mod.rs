@@ -36,15 +36,15 @@ pub mod request;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress};
 
 use self::disk::Disk;
 use self::request::{parse, status, Refusal, Request, RequestType, ID_BYTES, SEG_MAX, SIZE_MAX};
-use super::virtio::queue::{collect_chain_bounded, pop_chain};
+use super::virtio::queue::Desc;
+use super::virtio::request_queue::{RequestDevice, RequestQueue};
 use super::virtio::{
-    announce_broken, checked_queues, ActivateError, Interrupt, VirtioDevice, INT_VRING,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, ActivateError, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -133,12 +133,7 @@ pub struct Block {
     disk: Disk,
     index: usize,
     id: [u8; ID_BYTES],
-    irq: Arc<Interrupt>,
-    events: Option<Sender<VmEvent>>,
-    mem: Option<GuestMem>,
-    queue: Option<Queue>,
-    acked_features: u64,
-    broken: Option<String>,
+    requests: RequestQueue,
     stats: BlockStats,
 }
 
@@ -155,12 +150,12 @@ impl Block {
             disk,
             index,
             id: disk_id(index),
-            irq,
-            events,
-            mem: None,
-            queue: None,
-            acked_features: 0,
-            broken: None,
+            requests: RequestQueue::new(
+                format!("block {}", disk_name(index)),
+                MAX_CHAIN_DESCS,
+                irq,
+                events,
+            ),
             stats: BlockStats::default(),
         }
     }
@@ -177,12 +172,12 @@ impl Block {
 
     /// Why the device is broken, if it is.
     pub fn broken_reason(&self) -> Option<&str> {
-        self.broken.as_deref()
+        self.requests.broken_reason()
     }
 
     /// True between activation and reset, unless broken.
     pub fn is_active(&self) -> bool {
-        self.queue.is_some() && self.broken.is_none()
+        self.requests.is_active()
     }
 
     /// Offered features.
@@ -208,103 +203,29 @@ impl Block {
         queues: Vec<Queue>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        let [q] = checked_queues::<1>(queues, &mem)?;
-        self.mem = Some(mem);
-        self.queue = Some(q);
-        self.acked_features = acked_features;
-        self.broken = None;
-        Ok(())
+        self.requests.activate(mem, queues, acked_features)
     }
 
     /// Device reset: forget the queue.
     pub fn reset(&mut self) {
-        self.queue = None;
-        self.mem = None;
-        self.acked_features = 0;
-        self.broken = None;
+        self.requests.reset();
     }
 
     /// Marks the device broken: processing stops, the driver sees DEVICE_NEEDS_RESET and a
     /// configuration-change interrupt. The VMM keeps running.
     pub fn mark_broken(&mut self, why: String) {
-        if self.broken.is_some() {
-            return;
-        }
-        self.broken = Some(announce_broken(
-            &format!("block {}", disk_name(self.index)),
-            why,
-            &self.irq,
-            self.events.as_ref(),
-        ));
+        self.requests.mark_broken(why);
     }
 
     /// Answers every available request; returns true when used buffers were added (the
     /// interrupt is then raised).
     pub fn process_queue(&mut self) -> bool {
-        if !self.is_active() {
-            return false;
-        }
-        let Some(mem) = self.mem.clone() else {
-            return false;
-        };
-        let mut used = false;
-        while let Some(q) = self.queue.as_mut() {
-            let max = usize::from(q.size()).min(MAX_CHAIN_DESCS);
-            let chain = match pop_chain(q, &mem) {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => {
-                    self.mark_broken(format!("request queue: {e}"));
-                    break;
-                }
-            };
-            let (head, descs) = match collect_chain_bounded(&mem, chain, max) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.mark_broken(format!("request queue: {e}"));
-                    break;
-                }
-            };
-            let written = match parse(&mem, &descs) {
-                Ok(req) => self.execute(&mem, &req),
-                Err(e) => match e.status {
-                    Some(at) => {
-                        log::debug!("block {}: bad request: {}", disk_name(self.index), e.error);
-                        self.stats.errors += 1;
-                        self.complete(&mem, at, status::IOERR, 0)
-                    }
-                    None => {
-                        self.mark_broken(format!("request queue: {}", e.error));
-                        break;
-                    }
-                },
-            };
-            let Some(written) = written else {
-                break;
-            };
-            let Some(q) = self.queue.as_mut() else {
-                break;
-            };
-            if let Err(e) = q.add_used(&mem, head, written) {
-                self.mark_broken(format!("used ring: {e}"));
-                break;
-            }
-            used = true;
-        }
-        if used && self.broken.is_none() {
-            if let Err(e) = self.irq.signal(INT_VRING) {
-                log::warn!(
-                    "block {}: cannot raise interrupt: {e}",
-                    disk_name(self.index)
-                );
-            }
-        }
-        used
+        self.process_requests()
     }
 
     /// Runs one parsed request and writes its status. Returns the used length (bytes written
-    /// into the chain), or `None` when the device broke.
-    fn execute(&mut self, mem: &GuestMem, req: &Request) -> Option<u32> {
+    /// into the chain), or why the device is broken.
+    fn execute(&mut self, mem: &GuestMem, req: &Request) -> Result<u32, String> {
         let outcome = req
             .check(self.disk.capacity(), self.disk.read_only())
             .map_err(|r: Refusal| (r.status(), r.to_string()))
@@ -365,14 +286,32 @@ impl Block {
         }
     }
 
-    /// Writes the status byte; returns the used length, or `None` (device broken) when the
+    /// Writes the status byte; returns the used length, or why the device is broken when the
     /// byte cannot be written.
-    fn complete(&mut self, mem: &GuestMem, at: GuestAddress, st: u8, data: u32) -> Option<u32> {
-        if let Err(e) = mem.write_obj(st, at) {
-            self.mark_broken(format!("status byte: {e}"));
-            return None;
+    fn complete(&self, mem: &GuestMem, at: GuestAddress, st: u8, data: u32) -> Result<u32, String> {
+        mem.write_obj(st, at)
+            .map_err(|e| format!("status byte: {e}"))?;
+        Ok(data.saturating_add(1))
+    }
+}
+
+impl RequestDevice for Block {
+    fn requests(&mut self) -> &mut RequestQueue {
+        &mut self.requests
+    }
+
+    fn answer(&mut self, mem: &GuestMem, descs: &[Desc]) -> Result<u32, String> {
+        match parse(mem, descs) {
+            Ok(req) => self.execute(mem, &req),
+            Err(e) => match e.status {
+                Some(at) => {
+                    log::debug!("block {}: bad request: {}", disk_name(self.index), e.error);
+                    self.stats.errors += 1;
+                    self.complete(mem, at, status::IOERR, 0)
+                }
+                None => Err(format!("request queue: {}", e.error)),
+            },
         }
-        Some(data.saturating_add(1))
     }
 }
 
@@ -414,13 +353,7 @@ impl VirtioDevice for BlockDevice {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let cfg = lock(&self.block).config_space();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = offset
-                .checked_add(i as u64)
-                .and_then(|o| usize::try_from(o).ok())
-                .and_then(|o| cfg.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&cfg, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
@@ -445,7 +378,7 @@ impl VirtioDevice for BlockDevice {
     }
 
     fn is_broken(&self) -> bool {
-        lock(&self.block).broken.is_some()
+        lock(&self.block).requests.is_broken()
     }
 }
 

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::disk::Disk;
-use super::{disk_id, disk_name, offered_features, Block, BlockStats, MAX_REASON_LEN, QUEUE_SIZE};
+use super::{disk_name, offered_features, Block, BlockStats, QUEUE_SIZE};
 use crate::devices::virtio::persist::QueueSnapshot;
+use crate::devices::virtio::request_queue::RequestQueueState;
 use crate::devices::virtio::Interrupt;
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -49,12 +50,13 @@ pub struct BlockState {
 impl Block {
     /// Captures the device state (the vCPUs paused).
     pub fn save(&self) -> BlockState {
+        let requests = self.requests.save();
         BlockState {
             capacity: self.disk.capacity(),
             read_only: self.disk.read_only(),
-            acked_features: self.acked_features,
-            queue: self.queue.as_ref().map(QueueSnapshot::save),
-            broken: self.broken.clone(),
+            acked_features: requests.acked_features,
+            queue: requests.queue,
+            broken: requests.broken,
             reads: self.stats.reads,
             writes: self.stats.writes,
             flushes: self.stats.flushes,
@@ -96,52 +98,25 @@ impl Block {
                 ),
             ));
         }
-        if state.acked_features & !offered_features(state.read_only) != 0 {
-            return Err(PersistError::invalid(
-                NAME,
-                format!(
-                    "acked features {:#x} were never offered",
-                    state.acked_features
-                ),
-            ));
-        }
-        if state
-            .broken
-            .as_ref()
-            .is_some_and(|r| r.len() > MAX_REASON_LEN)
-        {
-            return Err(PersistError::invalid(NAME, "broken reason too long"));
-        }
-        let queue = match &state.queue {
-            Some(q) => {
-                let q = q.restore(NAME, QUEUE_SIZE, &mem)?;
-                if !virtio_queue::QueueT::ready(&q) {
-                    return Err(PersistError::invalid(NAME, "active queue not ready"));
-                }
-                Some(q)
-            }
-            None if state.acked_features != 0 => {
-                return Err(PersistError::invalid(NAME, "features acked while inactive"));
-            }
-            None => None,
-        };
-        Ok(Self {
-            disk,
-            index,
-            id: disk_id(index),
-            irq,
-            events,
-            mem: queue.as_ref().map(|_| mem),
-            queue,
-            acked_features: state.acked_features,
-            broken: state.broken.clone(),
-            stats: BlockStats {
-                reads: state.reads,
-                writes: state.writes,
-                flushes: state.flushes,
-                errors: state.errors,
+        let mut block = Block::new(disk, index, irq, events);
+        block.requests.restore(
+            NAME,
+            RequestQueueState {
+                acked_features: state.acked_features,
+                queue: state.queue,
+                broken: state.broken.clone(),
             },
-        })
+            offered_features(state.read_only),
+            QUEUE_SIZE,
+            mem,
+        )?;
+        block.stats = BlockStats {
+            reads: state.reads,
+            writes: state.writes,
+            flushes: state.flushes,
+            errors: state.errors,
+        };
+        Ok(block)
     }
 }
 

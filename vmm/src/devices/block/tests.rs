@@ -6,9 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::disk::{Disk, DiskError};
 use super::persist::BlockState;
@@ -18,86 +16,20 @@ use crate::bus::BusDevice;
 use crate::config::DiskConfig;
 use crate::devices::virtio::mmio::{reg, MmioTransport};
 use crate::devices::virtio::status as dev_status;
-use crate::devices::virtio::INT_CONFIG;
+use crate::devices::virtio::test_driver::{
+    bring_up, irq, read_reg as r32, write_reg as w32, DriverQueue, F_NEXT, F_WRITE,
+};
+use crate::devices::virtio::{INT_CONFIG, INT_VRING};
 use crate::memory::create_guest_memory;
 use crate::persist::PersistError;
 
 const MEM_SIZE: u64 = 16 << 20;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
 const QBASE: u64 = 0x1_0000;
 const DATA: u64 = 0x10_0000;
 const SECTORS: u64 = 256;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 % 251) as u8).collect()
-}
-
-struct Q {
-    size: u16,
-    avail_idx: u16,
-    used_seen: u16,
-    next_desc: u16,
-}
-
-impl Q {
-    const DESC: u64 = QBASE;
-    const AVAIL: u64 = QBASE + 0x4000;
-    const USED: u64 = QBASE + 0x5000;
-
-    fn queue(size: u16) -> Queue {
-        let mut q = Queue::new(QUEUE_SIZE).unwrap();
-        q.set_size(size);
-        q.set_desc_table_address(Some(Self::DESC as u32), Some(0));
-        q.set_avail_ring_address(Some(Self::AVAIL as u32), Some(0));
-        q.set_used_ring_address(Some(Self::USED as u32), Some(0));
-        q.set_ready(true);
-        q
-    }
-
-    fn write_desc(mem: &GuestMem, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = Self::DESC + 16 * u64::from(idx);
-        mem.write_obj(addr, GuestAddress(a)).unwrap();
-        mem.write_obj(len, GuestAddress(a + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(a + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(a + 14)).unwrap();
-    }
-
-    fn publish(&mut self, mem: &GuestMem, head: u16) {
-        let slot = Self::AVAIL + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(slot)).unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, GuestAddress(Self::AVAIL + 2))
-            .unwrap();
-    }
-
-    /// Adds a chain of (addr, len, writable) buffers; returns the head index.
-    fn add_chain(&mut self, mem: &GuestMem, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc % self.size;
-        let n = bufs.len() as u16;
-        for (i, (addr, len, w)) in bufs.iter().enumerate() {
-            let idx = (head + i as u16) % self.size;
-            let last = i as u16 == n - 1;
-            let flags = if last { 0 } else { F_NEXT } | if *w { F_WRITE } else { 0 };
-            Self::write_desc(mem, idx, *addr, *len, flags, (idx + 1) % self.size);
-        }
-        self.next_desc = self.next_desc.wrapping_add(n);
-        self.publish(mem, head);
-        head
-    }
-
-    fn used(&mut self, mem: &GuestMem) -> Vec<(u16, u32)> {
-        let idx: u16 = mem.read_obj(GuestAddress(Self::USED + 2)).unwrap();
-        let mut out = Vec::new();
-        while self.used_seen != idx {
-            let e = Self::USED + 4 + 8 * u64::from(self.used_seen % self.size);
-            let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
-            let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
-            out.push((id as u16, len));
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        out
-    }
 }
 
 /// A disk file in a temporary directory, filled with [`pattern`].
@@ -131,7 +63,7 @@ struct H {
     mem: GuestMem,
     b: Block,
     irq: Arc<Interrupt>,
-    q: Q,
+    q: DriverQueue,
     file: File,
     next: u64,
 }
@@ -144,20 +76,17 @@ impl H {
     fn with_queue(read_only: bool, size: u16) -> Self {
         let file = File::new(SECTORS as usize * 512);
         let mem = create_guest_memory(MEM_SIZE).unwrap();
-        let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         let mut b = Block::new(file.open(read_only), 0, irq.clone(), None);
         let f = b.features();
-        b.activate(mem.clone(), vec![Q::queue(size)], f).unwrap();
+        let q = DriverQueue::new(QBASE, size);
+        b.activate(mem.clone(), vec![q.queue(QUEUE_SIZE)], f)
+            .unwrap();
         Self {
             mem,
             b,
             irq,
-            q: Q {
-                size,
-                avail_idx: 0,
-                used_seen: 0,
-                next_desc: 0,
-            },
+            q,
             file,
             next: DATA,
         }
@@ -382,7 +311,7 @@ fn hostile(descs: &[(u16, u64, u32, u16, u16)], head: u16) -> (bool, Arc<Interru
     let hd = h.header(req_type::OUT, 0);
     for &(i, addr, len, flags, next) in descs {
         let addr = if addr == u64::MAX - 1 { hd } else { addr };
-        Q::write_desc(&h.mem, i, addr, len, flags, next);
+        h.q.write_desc(&h.mem, i, addr, len, flags, next);
     }
     h.q.publish(&h.mem, head);
     h.b.process_queue();
@@ -527,20 +456,10 @@ fn opening_locks_and_sizes() {
     assert_ne!(flags & libc::FD_CLOEXEC, 0);
 }
 
-fn r32(t: &mut MmioTransport, off: u64) -> u32 {
-    let mut d = [0u8; 4];
-    t.read(off, &mut d);
-    u32::from_le_bytes(d)
-}
-
-fn w32(t: &mut MmioTransport, off: u64, v: u32) {
-    t.write(off, &v.to_le_bytes());
-}
-
 /// A transport around a block device over `file`, driven to DRIVER_OK.
 fn running_transport(file: &File, read_only: bool) -> (MmioTransport, Arc<Mutex<Block>>, GuestMem) {
     let mem = create_guest_memory(MEM_SIZE).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let block = Arc::new(Mutex::new(Block::new(
         file.open(read_only),
         0,
@@ -548,25 +467,10 @@ fn running_transport(file: &File, read_only: bool) -> (MmioTransport, Arc<Mutex<
         None,
     )));
     let mut t = MmioTransport::new(Box::new(BlockDevice::new(block.clone())), mem.clone(), irq);
-    use dev_status::*;
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE);
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER);
-    let f = offered_features(read_only);
-    w32(&mut t, reg::DRIVER_FEATURES_SEL, 0);
-    w32(&mut t, reg::DRIVER_FEATURES, f as u32);
-    w32(&mut t, reg::DRIVER_FEATURES_SEL, 1);
-    w32(&mut t, reg::DRIVER_FEATURES, (f >> 32) as u32);
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
-    w32(&mut t, reg::QUEUE_SEL, 0);
-    w32(&mut t, reg::QUEUE_NUM, 16);
-    w32(&mut t, reg::QUEUE_DESC_LOW, Q::DESC as u32);
-    w32(&mut t, reg::QUEUE_DRIVER_LOW, Q::AVAIL as u32);
-    w32(&mut t, reg::QUEUE_DEVICE_LOW, Q::USED as u32);
-    w32(&mut t, reg::QUEUE_READY, 1);
-    w32(
+    bring_up(
         &mut t,
-        reg::STATUS,
-        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        offered_features(read_only),
+        &[&DriverQueue::new(QBASE, 16)],
     );
     assert!(t.is_activated());
     (t, block, mem)
@@ -591,12 +495,7 @@ fn through_the_mmio_transport() {
     t.read(reg::CONFIG + 0x1000, &mut b);
     assert_eq!(b, [0]);
     // A read request, notified through QueueNotify.
-    let mut q = Q {
-        size: 16,
-        avail_idx: 0,
-        used_seen: 0,
-        next_desc: 0,
-    };
+    let mut q = DriverQueue::new(QBASE, 16);
     mem.write_obj(req_type::IN, GuestAddress(DATA)).unwrap();
     mem.write_obj(2u64, GuestAddress(DATA + 8)).unwrap();
     q.add_chain(
@@ -615,7 +514,7 @@ fn through_the_mmio_transport() {
     assert_eq!(got, pattern(SECTORS as usize * 512)[1024..1536]);
     assert_eq!(r32(&mut t, reg::INTERRUPT_STATUS) & INT_VRING, INT_VRING);
     // A self loop: DEVICE_NEEDS_RESET, then a reset clears it.
-    Q::write_desc(&mem, 5, DATA, 16, F_NEXT, 5);
+    q.write_desc(&mem, 5, DATA, 16, F_NEXT, 5);
     q.publish(&mem, 5);
     w32(&mut t, reg::QUEUE_NOTIFY, 0);
     assert_ne!(r32(&mut t, reg::STATUS) & dev_status::DEVICE_NEEDS_RESET, 0);
@@ -629,12 +528,7 @@ fn through_the_mmio_transport() {
 fn snapshot_round_trip_keeps_serving() {
     let file = File::new(SECTORS as usize * 512);
     let (mut t, block, mem) = running_transport(&file, false);
-    let mut q = Q {
-        size: 16,
-        avail_idx: 0,
-        used_seen: 0,
-        next_desc: 0,
-    };
+    let mut q = DriverQueue::new(QBASE, 16);
     // One write before the snapshot.
     mem.write_obj(req_type::OUT, GuestAddress(DATA)).unwrap();
     mem.write_obj(5u64, GuestAddress(DATA + 8)).unwrap();
@@ -666,7 +560,7 @@ fn snapshot_round_trip_keeps_serving() {
     let mut all = vec![0u8; MEM_SIZE as usize];
     mem.read_slice(&mut all, GuestAddress(0)).unwrap();
     mem2.write_slice(&all, GuestAddress(0)).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let b2 = Block::restore(&bs, file.open(false), 0, mem2.clone(), irq.clone(), None).unwrap();
     assert_eq!(b2.save(), bs);
     let b2 = Arc::new(Mutex::new(b2));
@@ -702,7 +596,6 @@ fn restore_refuses_mismatched_disks_and_invalid_state() {
     let file = File::new(SECTORS as usize * 512);
     let (_t, block, mem) = running_transport(&file, true);
     let good = lock(&block).save();
-    let irq = || Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     let restore = |s: &BlockState, disk: Disk| {
         Block::restore(s, disk, 0, mem.clone(), irq(), None).map(|_| ())
     };

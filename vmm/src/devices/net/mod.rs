@@ -52,8 +52,8 @@ use vmm_sys_util::eventfd::EventFd;
 use self::frame::{read_tx_frame, rx_capacity, rx_header, write_rx_frame, NET_HDR_LEN};
 use super::virtio::queue::{collect_chain_bounded, pop_chain, ChainError, Desc};
 use super::virtio::{
-    announce_broken, checked_queues, ActivateError, Interrupt, VirtioDevice, INT_VRING,
-    VIRTIO_F_VERSION_1,
+    announce_broken, checked_queues, read_config_bytes, ActivateError, Interrupt, VirtioDevice,
+    INT_VRING, VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -519,13 +519,7 @@ impl VirtioDevice for NetDevice {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = offset
-                .checked_add(i as u64)
-                .and_then(|o| usize::try_from(o).ok())
-                .and_then(|o| self.config.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&self.config, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {

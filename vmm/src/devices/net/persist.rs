@@ -14,10 +14,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use virtio_queue::QueueT;
 
-use super::{
-    offered_features, NetBackend, NetQueues, NetStats, MAX_REASON_LEN, QUEUE_SIZES, RXQ, TXQ,
-};
-use crate::devices::virtio::persist::QueueSnapshot;
+use super::{offered_features, NetBackend, NetQueues, NetStats, QUEUE_SIZES, RXQ, TXQ};
+use crate::devices::virtio::persist::{check_acked_features, check_broken_reason, QueueSnapshot};
 use crate::devices::virtio::Interrupt;
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -96,22 +94,8 @@ impl NetBackend {
                 ),
             ));
         }
-        if state.acked_features & !offered_features() != 0 {
-            return Err(PersistError::invalid(
-                NAME,
-                format!(
-                    "acked features {:#x} were never offered",
-                    state.acked_features
-                ),
-            ));
-        }
-        if state
-            .broken
-            .as_ref()
-            .is_some_and(|r| r.len() > MAX_REASON_LEN)
-        {
-            return Err(PersistError::invalid(NAME, "broken reason too long"));
-        }
+        check_acked_features(NAME, state.acked_features, offered_features())?;
+        check_broken_reason(NAME, state.broken.as_deref())?;
         let queues = match &state.queues {
             Some(q) => {
                 let rx = q.rx.restore(NAME, QUEUE_SIZES[RXQ], &mem)?;

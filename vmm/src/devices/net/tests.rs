@@ -9,9 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
-use vmm_sys_util::eventfd::EventFd;
 use voidbox_net::{Nat, NatConfig, Policy, DEFAULT_GUEST_MAC, GATEWAY_IP, GATEWAY_MAC, GUEST_IP};
 
 use super::frame::{rx_header, NET_HDR_LEN};
@@ -22,109 +20,22 @@ use super::*;
 use crate::bus::BusDevice;
 use crate::devices::virtio::mmio::{reg, MmioTransport};
 use crate::devices::virtio::status as dev_status;
+use crate::devices::virtio::test_driver::{bring_up, irq, queues, DriverQueue, F_NEXT, F_WRITE};
 use crate::devices::virtio::INT_CONFIG;
 use crate::memory::create_guest_memory;
 use crate::persist::PersistError;
 use crate::status::StatusWriter;
 
 const MEM_SIZE: u64 = 16 << 20;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
 const DATA: u64 = 0x10_0000;
-
-/// One split virtqueue laid out at `base` (descriptors, then available and used rings), as a
-/// driver would fill it.
-struct Ring {
-    base: u64,
-    size: u16,
-    avail_idx: u16,
-    used_seen: u16,
-    next_desc: u16,
-}
-
-impl Ring {
-    fn new(base: u64, size: u16) -> Self {
-        Self {
-            base,
-            size,
-            avail_idx: 0,
-            used_seen: 0,
-            next_desc: 0,
-        }
-    }
-    fn desc(&self) -> u64 {
-        self.base
-    }
-    fn avail(&self) -> u64 {
-        self.base + 0x4000
-    }
-    fn used(&self) -> u64 {
-        self.base + 0x5000
-    }
-
-    fn queue(&self) -> Queue {
-        let mut q = Queue::new(QUEUE_SIZE).unwrap();
-        q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc() as u32), Some(0));
-        q.set_avail_ring_address(Some(self.avail() as u32), Some(0));
-        q.set_used_ring_address(Some(self.used() as u32), Some(0));
-        q.set_ready(true);
-        q
-    }
-
-    fn write_desc(&self, mem: &GuestMem, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = self.desc() + 16 * u64::from(idx);
-        mem.write_obj(addr, GuestAddress(a)).unwrap();
-        mem.write_obj(len, GuestAddress(a + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(a + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(a + 14)).unwrap();
-    }
-
-    fn publish(&mut self, mem: &GuestMem, head: u16) {
-        let slot = self.avail() + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(slot)).unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, GuestAddress(self.avail() + 2))
-            .unwrap();
-    }
-
-    /// Adds a chain of (addr, len, writable) buffers; returns the head index.
-    fn add_chain(&mut self, mem: &GuestMem, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc % self.size;
-        let n = bufs.len() as u16;
-        for (i, (addr, len, w)) in bufs.iter().enumerate() {
-            let idx = (head + i as u16) % self.size;
-            let last = i as u16 == n - 1;
-            let flags = if last { 0 } else { F_NEXT } | if *w { F_WRITE } else { 0 };
-            self.write_desc(mem, idx, *addr, *len, flags, (idx + 1) % self.size);
-        }
-        self.next_desc = self.next_desc.wrapping_add(n);
-        self.publish(mem, head);
-        head
-    }
-
-    /// Used entries added since the last call: (head, len).
-    fn take_used(&mut self, mem: &GuestMem) -> Vec<(u16, u32)> {
-        let idx: u16 = mem.read_obj(GuestAddress(self.used() + 2)).unwrap();
-        let mut out = Vec::new();
-        while self.used_seen != idx {
-            let e = self.used() + 4 + 8 * u64::from(self.used_seen % self.size);
-            let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
-            let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
-            out.push((id as u16, len));
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        out
-    }
-}
 
 /// A device over real guest memory with both queues active.
 struct H {
     mem: GuestMem,
     dev: Arc<Mutex<NetBackend>>,
     irq: Arc<Interrupt>,
-    rx: Ring,
-    tx: Ring,
+    rx: DriverQueue,
+    tx: DriverQueue,
     next: u64,
     /// Receive buffers posted: head → (addr, len).
     rx_bufs: std::collections::BTreeMap<u16, (u64, u32)>,
@@ -138,10 +49,13 @@ impl H {
     /// A device whose driver acknowledged `acked`.
     fn with_features(acked: u64) -> Self {
         let mem = create_guest_memory(MEM_SIZE).unwrap();
-        let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         let mut dev = NetBackend::new(DEFAULT_GUEST_MAC, irq.clone(), None);
-        let (rx, tx) = (Ring::new(0x1_0000, 16), Ring::new(0x2_0000, 16));
-        dev.activate(mem.clone(), vec![rx.queue(), tx.queue()], acked)
+        let (rx, tx) = (
+            DriverQueue::new(0x1_0000, 16),
+            DriverQueue::new(0x2_0000, 16),
+        );
+        dev.activate(mem.clone(), queues(&[&rx, &tx], QUEUE_SIZE), acked)
             .unwrap();
         Self {
             mem,
@@ -204,7 +118,7 @@ impl H {
 
     /// Frames the device wrote since the last call (headers checked and stripped).
     fn received(&mut self) -> Vec<Vec<u8>> {
-        let used = self.rx.take_used(&self.mem);
+        let used = self.rx.used(&self.mem);
         used.into_iter()
             .filter(|(_, len)| *len > 0)
             .map(|(head, len)| {
@@ -235,7 +149,7 @@ fn frame(len: usize, fill: u8) -> Vec<u8> {
 #[test]
 fn config_space_and_features_through_the_transport() {
     let mem = create_guest_memory(1 << 20).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let mac = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
     let backend = Arc::new(Mutex::new(NetBackend::new(mac, irq.clone(), None)));
     let dev = NetDevice::new(backend, NetKicks::new().unwrap());
@@ -294,7 +208,7 @@ fn transmitted_frames_lose_their_header_in_any_layout() {
     let batch = h.dev().drain_tx(TX_BATCH_FOR_TESTS);
     assert_eq!(batch.frames, vec![f1, f2, f3]);
     assert!(batch.used && !batch.more);
-    assert_eq!(h.tx.take_used(&h.mem), vec![(hd1, 0), (hd2, 0), (hd3, 0)]);
+    assert_eq!(h.tx.used(&h.mem), vec![(hd1, 0), (hd2, 0), (hd3, 0)]);
     assert_eq!(h.irq.status() & INT_VRING, INT_VRING);
     assert_eq!(
         h.irq.eventfd().read().unwrap(),
@@ -326,7 +240,7 @@ fn transmitted_frames_out_of_bounds_are_dropped_and_counted() {
     assert_eq!(batch.frames[0].len(), 14);
     assert_eq!(batch.frames[1].len(), MAX_FRAME_LEN);
     assert_eq!(
-        h.tx.take_used(&h.mem),
+        h.tx.used(&h.mem),
         [short, min, max, long, header_only, huge].map(|hd| (hd, 0))
     );
     let s = h.dev().stats();
@@ -407,7 +321,7 @@ fn needs_csum_offsets_outside_the_frame_are_dropped_and_counted() {
     assert_eq!(batch.frames.len(), 1);
     assert_eq!(batch.frames[0][..52], f[..52]);
     assert_eq!(h.dev().stats().tx_dropped, 5);
-    assert_eq!(h.tx.take_used(&h.mem).len(), 6, "every chain is returned");
+    assert_eq!(h.tx.used(&h.mem).len(), 6, "every chain is returned");
     assert!(!h.broken());
 }
 
@@ -427,20 +341,6 @@ fn without_checksum_features_headers_are_plain() {
     let flags: u8 = h.mem.read_obj(GuestAddress(h.rx_bufs[&head].0)).unwrap();
     assert_eq!(flags, 0);
     assert_eq!(h.received(), vec![f]);
-}
-
-impl Ring {
-    /// The driver's `used_event` (EVENT_IDX): interrupt once the used index passes it.
-    fn set_used_event(&self, mem: &GuestMem, v: u16) {
-        let a = self.avail() + 4 + 2 * u64::from(self.size);
-        mem.write_obj(v, GuestAddress(a)).unwrap();
-    }
-
-    /// The device's `avail_event` (EVENT_IDX): the driver notifies once it adds that entry.
-    fn avail_event(&self, mem: &GuestMem) -> u16 {
-        let a = self.used() + 4 + 8 * u64::from(self.size);
-        mem.read_obj(GuestAddress(a)).unwrap()
-    }
 }
 
 #[test]
@@ -521,7 +421,7 @@ fn received_frames_get_a_header_and_respect_buffers() {
     let mut it = frames.clone().into_iter();
     assert!(h.dev().fill_rx(|| it.next()));
     assert_eq!(it.len(), 1, "only as many frames as buffers are taken");
-    let used = h.rx.take_used(&h.mem);
+    let used = h.rx.used(&h.mem);
     assert_eq!(used, vec![(b1, 12 + 1514), (b2, 12 + 100)]);
     let mut got = vec![0u8; 12 + 1514];
     h.mem
@@ -564,7 +464,7 @@ fn without_receive_buffers_frames_stay_in_the_nat() {
     // A buffer but no frame: the buffer goes back to the ring, untouched.
     let b = h.post_rx(1526);
     assert!(!h.dev().fill_rx(|| None));
-    assert!(h.rx.take_used(&h.mem).is_empty());
+    assert!(h.rx.used(&h.mem).is_empty());
     // The same buffer takes the next frame.
     let f = frame(70, 9);
     let mut once = Some(f.clone());
@@ -586,7 +486,7 @@ fn a_frame_larger_than_its_buffer_is_dropped_not_written() {
     let mut it = frames.clone().into_iter();
     assert!(h.dev().fill_rx(|| it.next()));
     assert_eq!(
-        h.rx.take_used(&h.mem),
+        h.rx.used(&h.mem),
         vec![(small, 0), (big, 12 + 60)],
         "the too-big frame is dropped and its buffer returned empty"
     );
@@ -600,7 +500,7 @@ fn a_frame_larger_than_its_buffer_is_dropped_not_written() {
     assert_eq!(it.len(), 1);
     let last = h.post_rx(4096);
     assert!(h.dev().fill_rx(|| it.next()));
-    assert_eq!(h.rx.take_used(&h.mem), vec![(last, 0)]);
+    assert_eq!(h.rx.used(&h.mem), vec![(last, 0)]);
     let s = h.dev().stats();
     assert_eq!((s.rx_frames, s.rx_dropped), (1, 2));
     assert!(!h.broken());
@@ -651,7 +551,7 @@ fn hostile_transmit_chains_break_the_device_without_hanging() {
     let (b, _) = breaks(|h| {
         h.transmit(&frame(60, 1));
         h.mem
-            .write_obj(0x8000u16, GuestAddress(h.tx.avail() + 2))
+            .write_obj(0x8000u16, GuestAddress(h.tx.avail_addr() + 2))
             .unwrap();
         h.dev().drain_tx(TX_BATCH_FOR_TESTS);
     });
@@ -711,7 +611,7 @@ fn hostile_receive_chains_break_the_device_without_hanging() {
 #[test]
 fn a_broken_device_stops_and_a_reset_through_the_transport_recovers_it() {
     let mem = create_guest_memory(MEM_SIZE).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let backend = Arc::new(Mutex::new(NetBackend::new(
         DEFAULT_GUEST_MAC,
         irq.clone(),
@@ -726,31 +626,12 @@ fn a_broken_device_stops_and_a_reset_through_the_transport_recovers_it() {
         t.read(reg::STATUS, &mut b);
         u32::from_le_bytes(b)
     };
-    let bring_up = |t: &mut MmioTransport, rx: &Ring, tx: &Ring| {
-        use dev_status::*;
-        w(t, reg::STATUS, ACKNOWLEDGE);
-        w(t, reg::STATUS, ACKNOWLEDGE | DRIVER);
-        w(t, reg::DRIVER_FEATURES_SEL, 1);
-        w(t, reg::DRIVER_FEATURES, 1);
-        w(t, reg::DRIVER_FEATURES_SEL, 0);
-        w(t, reg::DRIVER_FEATURES, 1 << features::MAC);
-        w(t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
-        for (i, r) in [rx, tx].into_iter().enumerate() {
-            w(t, reg::QUEUE_SEL, i as u32);
-            w(t, reg::QUEUE_NUM, u32::from(r.size));
-            w(t, reg::QUEUE_DESC_LOW, r.desc() as u32);
-            w(t, reg::QUEUE_DRIVER_LOW, r.avail() as u32);
-            w(t, reg::QUEUE_DEVICE_LOW, r.used() as u32);
-            w(t, reg::QUEUE_READY, 1);
-        }
-        w(
-            t,
-            reg::STATUS,
-            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
-        );
-    };
-    let (rx, mut tx) = (Ring::new(0x1_0000, 16), Ring::new(0x2_0000, 16));
-    bring_up(&mut t, &rx, &tx);
+    let acked = (1 << VIRTIO_F_VERSION_1) | (1 << features::MAC);
+    let (rx, mut tx) = (
+        DriverQueue::new(0x1_0000, 16),
+        DriverQueue::new(0x2_0000, 16),
+    );
+    bring_up(&mut t, acked, &[&rx, &tx]);
     assert!(t.is_activated());
     assert!(lock(&backend).is_active());
     // Activation woke the net thread for both queues.
@@ -777,8 +658,11 @@ fn a_broken_device_stops_and_a_reset_through_the_transport_recovers_it() {
     w(&mut t, reg::STATUS, 0);
     assert_eq!(status(&mut t), 0);
     assert!(!lock(&backend).is_active() && lock(&backend).broken_reason().is_none());
-    let (rx, mut tx) = (Ring::new(0x3_0000, 16), Ring::new(0x4_0000, 16));
-    bring_up(&mut t, &rx, &tx);
+    let (rx, mut tx) = (
+        DriverQueue::new(0x3_0000, 16),
+        DriverQueue::new(0x4_0000, 16),
+    );
+    bring_up(&mut t, acked, &[&rx, &tx]);
     let a = DATA + 0x1000;
     let f = frame(60, 5);
     let mut bytes = vec![0u8; NET_HDR_LEN];
@@ -808,8 +692,7 @@ fn snapshot_round_trip_keeps_rings_and_counters() {
     assert_eq!(back, state);
     assert_eq!(back.mac, DEFAULT_GUEST_MAC);
     assert_eq!((back.tx_frames, back.rx_frames), (1, 1));
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
-    let mut r = NetBackend::restore(&back, DEFAULT_GUEST_MAC, h.mem.clone(), irq, None).unwrap();
+    let mut r = NetBackend::restore(&back, DEFAULT_GUEST_MAC, h.mem.clone(), irq(), None).unwrap();
     assert_eq!(r.save(), state);
     // The restored device goes on where the old one stopped: the queued frame, then the
     // buffer posted before the snapshot.
@@ -817,12 +700,11 @@ fn snapshot_round_trip_keeps_rings_and_counters() {
     let g = frame(70, 4);
     let mut once = Some(g.clone());
     assert!(r.fill_rx(|| once.take()));
-    assert_eq!(h.rx.take_used(&h.mem), vec![(waiting, 12 + 70)]);
+    assert_eq!(h.rx.used(&h.mem), vec![(waiting, 12 + 70)]);
     assert_ne!(waiting, posted);
 
     // Refused: another MAC, features never offered, features without queues, an inactive
     // queue, a reason too long, a queue outside memory.
-    let irq = || Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     let restore = |s: &NetState, mac: [u8; 6]| {
         NetBackend::restore(s, mac, h.mem.clone(), irq(), None).map(|_| ())
     };

@@ -41,15 +41,13 @@ pub mod wire;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 
 pub use self::share::{Share, ShareStats, MAX_MSIZE};
-use super::virtio::queue::{
-    collect_chain_bounded, pop_chain, read_gather, total_len, write_scatter,
-};
+use super::virtio::queue::{read_gather, total_len, write_scatter, ChainError, Desc};
+use super::virtio::request_queue::{RequestDevice, RequestQueue};
 use super::virtio::{
-    announce_broken, checked_queues, ActivateError, Interrupt, VirtioDevice, INT_VRING,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, ActivateError, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1,
 };
 pub use crate::config::SHARE_SLOTS;
 use crate::exit::VmEvent;
@@ -83,12 +81,7 @@ pub fn offered_features() -> u64 {
 pub struct P9 {
     slot: usize,
     share: Share,
-    irq: Arc<Interrupt>,
-    events: Option<Sender<VmEvent>>,
-    mem: Option<GuestMem>,
-    queue: Option<Queue>,
-    acked_features: u64,
-    broken: Option<String>,
+    requests: RequestQueue,
     dropped: u64,
 }
 
@@ -103,12 +96,7 @@ impl P9 {
         Self {
             slot,
             share,
-            irq,
-            events,
-            mem: None,
-            queue: None,
-            acked_features: 0,
-            broken: None,
+            requests: RequestQueue::new(format!("p9 {}", tag(slot)), MAX_CHAIN_DESCS, irq, events),
             dropped: 0,
         }
     }
@@ -130,12 +118,12 @@ impl P9 {
 
     /// Why the device is broken, if it is.
     pub fn broken_reason(&self) -> Option<&str> {
-        self.broken.as_deref()
+        self.requests.broken_reason()
     }
 
     /// True between activation and reset, unless broken.
     pub fn is_active(&self) -> bool {
-        self.queue.is_some() && self.broken.is_none()
+        self.requests.is_active()
     }
 
     /// The config space: `tag_len[2]` and the tag.
@@ -154,93 +142,28 @@ impl P9 {
         queues: Vec<Queue>,
         acked_features: u64,
     ) -> Result<(), ActivateError> {
-        let [q] = checked_queues::<1>(queues, &mem)?;
-        self.mem = Some(mem);
-        self.queue = Some(q);
-        self.acked_features = acked_features;
-        self.broken = None;
-        Ok(())
+        self.requests.activate(mem, queues, acked_features)
     }
 
     /// Device reset: forget the queue (the 9P session stays: the guest starts a new one with
     /// `Tversion`, which drops every fid).
     pub fn reset(&mut self) {
-        self.queue = None;
-        self.mem = None;
-        self.acked_features = 0;
-        self.broken = None;
+        self.requests.reset();
     }
 
     /// Marks the device broken: processing stops, the driver sees DEVICE_NEEDS_RESET.
     pub fn mark_broken(&mut self, why: String) {
-        if self.broken.is_some() {
-            return;
-        }
-        self.broken = Some(announce_broken(
-            &format!("p9 {}", tag(self.slot)),
-            why,
-            &self.irq,
-            self.events.as_ref(),
-        ));
+        self.requests.mark_broken(why);
     }
 
     /// Answers every available request; returns true when used buffers were added (the
     /// interrupt is then raised).
     pub fn process_queue(&mut self) -> bool {
-        if !self.is_active() {
-            return false;
-        }
-        let Some(mem) = self.mem.clone() else {
-            return false;
-        };
-        let mut used = false;
-        while let Some(q) = self.queue.as_mut() {
-            let max = usize::from(q.size()).min(MAX_CHAIN_DESCS);
-            let chain = match pop_chain(q, &mem) {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => {
-                    self.mark_broken(format!("request queue: {e}"));
-                    break;
-                }
-            };
-            let (head, descs) = match collect_chain_bounded(&mem, chain, max) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.mark_broken(format!("request queue: {e}"));
-                    break;
-                }
-            };
-            let written = match self.answer(&mem, &descs) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.mark_broken(format!("request queue: {e}"));
-                    break;
-                }
-            };
-            let Some(q) = self.queue.as_mut() else {
-                break;
-            };
-            if let Err(e) = q.add_used(&mem, head, written) {
-                self.mark_broken(format!("used ring: {e}"));
-                break;
-            }
-            used = true;
-        }
-        if used && self.broken.is_none() {
-            if let Err(e) = self.irq.signal(INT_VRING) {
-                log::warn!("p9 {}: cannot raise interrupt: {e}", tag(self.slot));
-            }
-        }
-        used
+        self.process_requests()
     }
 
     /// Answers one validated chain; returns the bytes written into it.
-    fn answer(
-        &mut self,
-        mem: &GuestMem,
-        descs: &[super::virtio::queue::Desc],
-    ) -> Result<u32, super::virtio::queue::ChainError> {
+    fn serve(&mut self, mem: &GuestMem, descs: &[Desc]) -> Result<u32, ChainError> {
         let readable = total_len(descs, false);
         let writable =
             usize::try_from(total_len(descs, true).min(u64::from(u32::MAX))).unwrap_or(usize::MAX);
@@ -291,6 +214,17 @@ impl P9 {
     }
 }
 
+impl RequestDevice for P9 {
+    fn requests(&mut self) -> &mut RequestQueue {
+        &mut self.requests
+    }
+
+    fn answer(&mut self, mem: &GuestMem, descs: &[Desc]) -> Result<u32, String> {
+        self.serve(mem, descs)
+            .map_err(|e| format!("request queue: {e}"))
+    }
+}
+
 /// Locks a 9p device, recovering from a poisoned lock.
 pub fn lock(p: &Mutex<P9>) -> MutexGuard<'_, P9> {
     p.lock().unwrap_or_else(|p| p.into_inner())
@@ -327,13 +261,7 @@ impl VirtioDevice for P9Device {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let cfg = lock(&self.p9).config_space();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = offset
-                .checked_add(i as u64)
-                .and_then(|o| usize::try_from(o).ok())
-                .and_then(|o| cfg.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&cfg, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
@@ -358,7 +286,7 @@ impl VirtioDevice for P9Device {
     }
 
     fn is_broken(&self) -> bool {
-        lock(&self.p9).broken.is_some()
+        lock(&self.p9).requests.is_broken()
     }
 }
 

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{offered_features, tag, Share, P9, QUEUE_SIZE, SHARE_SLOTS};
 use crate::devices::virtio::persist::QueueSnapshot;
-use crate::devices::virtio::{Interrupt, MAX_BROKEN_REASON_LEN};
+use crate::devices::virtio::request_queue::RequestQueueState;
+use crate::devices::virtio::Interrupt;
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
 use crate::persist::PersistError;
@@ -48,11 +49,13 @@ impl P9 {
                 tag(self.slot)
             ));
         }
+        let slot = u8::try_from(self.slot).map_err(|_| "share slot out of range".to_string())?;
+        let requests = self.requests.save();
         Ok(P9State {
-            slot: u8::try_from(self.slot).map_err(|_| "share slot out of range".to_string())?,
-            acked_features: self.acked_features,
-            queue: self.queue.as_ref().map(QueueSnapshot::save),
-            broken: self.broken.clone(),
+            slot,
+            acked_features: requests.acked_features,
+            queue: requests.queue,
+            broken: requests.broken,
             dropped: self.dropped,
         })
     }
@@ -73,40 +76,18 @@ impl P9 {
                 format!("slot {} saved where slot {slot} belongs", state.slot),
             ));
         }
-        if state.acked_features & !offered_features() != 0 {
-            return Err(PersistError::invalid(
-                NAME,
-                format!(
-                    "acked features {:#x} were never offered",
-                    state.acked_features
-                ),
-            ));
-        }
-        if state
-            .broken
-            .as_ref()
-            .is_some_and(|r| r.len() > MAX_BROKEN_REASON_LEN)
-        {
-            return Err(PersistError::invalid(NAME, "broken reason too long"));
-        }
-        let queue = match &state.queue {
-            Some(q) => {
-                let q = q.restore(NAME, QUEUE_SIZE, &mem)?;
-                if !virtio_queue::QueueT::ready(&q) {
-                    return Err(PersistError::invalid(NAME, "active queue not ready"));
-                }
-                Some(q)
-            }
-            None if state.acked_features != 0 => {
-                return Err(PersistError::invalid(NAME, "features acked while inactive"));
-            }
-            None => None,
-        };
         let mut p = P9::new(slot, share, irq, events);
-        p.mem = queue.as_ref().map(|_| mem);
-        p.queue = queue;
-        p.acked_features = state.acked_features;
-        p.broken = state.broken.clone();
+        p.requests.restore(
+            NAME,
+            RequestQueueState {
+                acked_features: state.acked_features,
+                queue: state.queue,
+                broken: state.broken.clone(),
+            },
+            offered_features(),
+            QUEUE_SIZE,
+            mem,
+        )?;
         p.dropped = state.dropped;
         Ok(p)
     }

@@ -7,9 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::P9State;
 use super::share::{MAX_FIDS, MAX_MSIZE};
@@ -18,8 +16,10 @@ use super::*;
 use crate::bus::BusDevice;
 use crate::config::ShareConfig;
 use crate::devices::virtio::mmio::{reg, MmioTransport};
-use crate::devices::virtio::status as dev_status;
-use crate::devices::virtio::INT_CONFIG;
+use crate::devices::virtio::test_driver::{
+    bring_up, irq, read_reg as r32, write_reg as w32, DriverQueue, F_NEXT, F_WRITE,
+};
+use crate::devices::virtio::{INT_CONFIG, INT_VRING};
 use crate::memory::create_guest_memory;
 use crate::persist::PersistError;
 
@@ -45,6 +45,12 @@ impl B {
     fn u64(mut self, v: u64) -> Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
+    }
+    fn u32s(self, vs: &[u32]) -> Self {
+        vs.iter().fold(self, |b, &v| b.u32(v))
+    }
+    fn u64s(self, vs: &[u64]) -> Self {
+        vs.iter().fold(self, |b, &v| b.u64(v))
     }
     fn s(self, v: &str) -> Self {
         self.bytes(v.as_bytes())
@@ -118,15 +124,7 @@ impl Fixture {
         let mut c = Client(Share::open(&self.cfg(read_only)).unwrap());
         let r = c.version(8192);
         assert_eq!(rtype(&r), ty::TVERSION + 1);
-        let r = c.call(
-            B::new()
-                .u32(0)
-                .u32(NOFID)
-                .s("u")
-                .s("")
-                .u32(1000)
-                .msg(ty::TATTACH),
-        );
+        let r = c.call(attach_msg());
         assert_eq!(rtype(&r), ty::TATTACH + 1, "{r:?}");
         c
     }
@@ -173,25 +171,12 @@ impl Client {
         self.call(B::new().u32(fid).u32(flags).msg(ty::TLOPEN))
     }
     fn lcreate(&mut self, fid: u32, name: &str, flags: u32) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(fid)
-                .s(name)
-                .u32(flags)
-                .u32(0o644)
-                .u32(1000)
-                .msg(ty::TLCREATE),
-        )
+        let b = B::new().u32(fid).s(name);
+        self.call(b.u32s(&[flags, 0o644, 1000]).msg(ty::TLCREATE))
     }
     fn mkdir(&mut self, dfid: u32, name: &str) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(dfid)
-                .s(name)
-                .u32(0o755)
-                .u32(1000)
-                .msg(ty::TMKDIR),
-        )
+        let b = B::new().u32(dfid).s(name);
+        self.call(b.u32s(&[0o755, 1000]).msg(ty::TMKDIR))
     }
     fn read(&mut self, fid: u32, offset: u64, count: u32) -> Vec<u8> {
         self.call(B::new().u32(fid).u64(offset).u32(count).msg(ty::TREAD))
@@ -205,14 +190,8 @@ impl Client {
         self.call(B::new().u32(fid).msg(ty::TCLUNK))
     }
     fn renameat(&mut self, olddir: u32, old: &str, newdir: u32, new: &str) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(olddir)
-                .s(old)
-                .u32(newdir)
-                .s(new)
-                .msg(ty::TRENAMEAT),
-        )
+        let b = B::new().u32(olddir).s(old);
+        self.call(b.u32(newdir).s(new).msg(ty::TRENAMEAT))
     }
     fn unlinkat(&mut self, dir: u32, name: &str) -> Vec<u8> {
         self.call(B::new().u32(dir).s(name).u32(0).msg(ty::TUNLINKAT))
@@ -221,26 +200,12 @@ impl Client {
         self.call(B::new().u32(dfid).u32(fid).s(name).msg(ty::TLINK))
     }
     fn symlink(&mut self, fid: u32, name: &str, target: &str) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(fid)
-                .s(name)
-                .s(target)
-                .u32(1000)
-                .msg(ty::TSYMLINK),
-        )
+        let b = B::new().u32(fid).s(name).s(target);
+        self.call(b.u32(1000).msg(ty::TSYMLINK))
     }
     fn mknod(&mut self, dfid: u32, name: &str) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(dfid)
-                .s(name)
-                .u32(0o10644)
-                .u32(0)
-                .u32(0)
-                .u32(1000)
-                .msg(ty::TMKNOD),
-        )
+        let b = B::new().u32(dfid).s(name);
+        self.call(b.u32s(&[0o10644, 0, 0, 1000]).msg(ty::TMKNOD))
     }
     fn setattr(
         &mut self,
@@ -251,20 +216,8 @@ impl Client {
         gid: u32,
         size: u64,
     ) -> Vec<u8> {
-        self.call(
-            B::new()
-                .u32(fid)
-                .u32(valid)
-                .u32(mode)
-                .u32(uid)
-                .u32(gid)
-                .u64(size)
-                .u64(0)
-                .u64(0)
-                .u64(0)
-                .u64(0)
-                .msg(ty::TSETATTR),
-        )
+        let b = B::new().u32s(&[fid, valid, mode, uid, gid]);
+        self.call(b.u64s(&[size, 0, 0, 0, 0]).msg(ty::TSETATTR))
     }
     fn getattr(&mut self, fid: u32) -> Vec<u8> {
         self.call(B::new().u32(fid).u64(0x7ff).msg(ty::TGETATTR))
@@ -691,107 +644,31 @@ fn reads_fit_the_guests_reply_buffers() {
 // ---- the virtio side ----
 
 const MEM_SIZE: u64 = 16 << 20;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
 const QBASE: u64 = 0x1_0000;
 const DATA: u64 = 0x10_0000;
-
-struct Q {
-    size: u16,
-    avail_idx: u16,
-    used_seen: u16,
-    next_desc: u16,
-}
-
-impl Q {
-    const DESC: u64 = QBASE;
-    const AVAIL: u64 = QBASE + 0x4000;
-    const USED: u64 = QBASE + 0x5000;
-
-    fn new(size: u16) -> Self {
-        Q {
-            size,
-            avail_idx: 0,
-            used_seen: 0,
-            next_desc: 0,
-        }
-    }
-
-    fn queue(size: u16) -> Queue {
-        let mut q = Queue::new(QUEUE_SIZE).unwrap();
-        q.set_size(size);
-        q.set_desc_table_address(Some(Self::DESC as u32), Some(0));
-        q.set_avail_ring_address(Some(Self::AVAIL as u32), Some(0));
-        q.set_used_ring_address(Some(Self::USED as u32), Some(0));
-        q.set_ready(true);
-        q
-    }
-
-    fn write_desc(mem: &GuestMem, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = Self::DESC + 16 * u64::from(idx);
-        mem.write_obj(addr, GuestAddress(a)).unwrap();
-        mem.write_obj(len, GuestAddress(a + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(a + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(a + 14)).unwrap();
-    }
-
-    fn publish(&mut self, mem: &GuestMem, head: u16) {
-        let slot = Self::AVAIL + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(slot)).unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, GuestAddress(Self::AVAIL + 2))
-            .unwrap();
-    }
-
-    fn add_chain(&mut self, mem: &GuestMem, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc % self.size;
-        let n = bufs.len() as u16;
-        for (i, (addr, len, w)) in bufs.iter().enumerate() {
-            let idx = (head + i as u16) % self.size;
-            let last = i as u16 == n - 1;
-            let flags = if last { 0 } else { F_NEXT } | if *w { F_WRITE } else { 0 };
-            Self::write_desc(mem, idx, *addr, *len, flags, (idx + 1) % self.size);
-        }
-        self.next_desc = self.next_desc.wrapping_add(n);
-        self.publish(mem, head);
-        head
-    }
-
-    fn used(&mut self, mem: &GuestMem) -> Vec<(u16, u32)> {
-        let idx: u16 = mem.read_obj(GuestAddress(Self::USED + 2)).unwrap();
-        let mut out = Vec::new();
-        while self.used_seen != idx {
-            let e = Self::USED + 4 + 8 * u64::from(self.used_seen % self.size);
-            let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
-            let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
-            out.push((id as u16, len));
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        out
-    }
-}
 
 /// A device on slot 0 over `share`, with an active queue of `size` entries.
 struct H {
     mem: GuestMem,
     p9: P9,
     irq: Arc<Interrupt>,
-    q: Q,
+    q: DriverQueue,
     next: u64,
 }
 
 impl H {
     fn new(share: Share) -> Self {
         let mem = create_guest_memory(MEM_SIZE).unwrap();
-        let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         let mut p9 = P9::new(0, share, irq.clone(), None);
-        p9.activate(mem.clone(), vec![Q::queue(64)], offered_features())
+        let q = DriverQueue::new(QBASE, 64);
+        p9.activate(mem.clone(), vec![q.queue(QUEUE_SIZE)], offered_features())
             .unwrap();
         Self {
             mem,
             p9,
             irq,
-            q: Q::new(64),
+            q,
             next: DATA,
         }
     }
@@ -841,14 +718,10 @@ impl H {
     }
 }
 
+/// `Tattach` of fid 0 to the share root as user `u` (uid 1000).
 fn attach_msg() -> Vec<u8> {
-    B::new()
-        .u32(0)
-        .u32(NOFID)
-        .s("u")
-        .s("")
-        .u32(1000)
-        .msg(ty::TATTACH)
+    let b = B::new().u32s(&[0, NOFID]).s("u").s("");
+    b.u32(1000).msg(ty::TATTACH)
 }
 
 #[test]
@@ -937,7 +810,7 @@ fn hostile_chains_break_the_device_and_never_loop() {
     ] {
         let mut h = H::new(Share::unbound());
         for &(i, addr, len, flags, next) in &descs {
-            Q::write_desc(&h.mem, i, addr, len, flags, next);
+            h.q.write_desc(&h.mem, i, addr, len, flags, next);
         }
         h.q.publish(&h.mem, 0);
         h.p9.process_queue();
@@ -955,48 +828,19 @@ fn hostile_chains_break_the_device_and_never_loop() {
     assert!(h.p9.broken_reason().is_none());
 }
 
-fn r32(t: &mut MmioTransport, off: u64) -> u32 {
-    let mut d = [0u8; 4];
-    t.read(off, &mut d);
-    u32::from_le_bytes(d)
-}
-
-fn w32(t: &mut MmioTransport, off: u64, v: u32) {
-    t.write(off, &v.to_le_bytes());
-}
-
 /// A transport around slot `slot` serving `share`, driven to DRIVER_OK.
 fn running_transport(slot: usize, share: Share) -> (MmioTransport, Arc<Mutex<P9>>, GuestMem) {
     let mem = create_guest_memory(MEM_SIZE).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let p9 = Arc::new(Mutex::new(P9::new(slot, share, irq.clone(), None)));
     let mut t = MmioTransport::new(Box::new(P9Device::new(p9.clone())), mem.clone(), irq);
-    use dev_status::*;
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE);
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER);
-    let f = offered_features();
-    w32(&mut t, reg::DRIVER_FEATURES_SEL, 0);
-    w32(&mut t, reg::DRIVER_FEATURES, f as u32);
-    w32(&mut t, reg::DRIVER_FEATURES_SEL, 1);
-    w32(&mut t, reg::DRIVER_FEATURES, (f >> 32) as u32);
-    w32(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
-    w32(&mut t, reg::QUEUE_SEL, 0);
-    w32(&mut t, reg::QUEUE_NUM, 16);
-    w32(&mut t, reg::QUEUE_DESC_LOW, Q::DESC as u32);
-    w32(&mut t, reg::QUEUE_DRIVER_LOW, Q::AVAIL as u32);
-    w32(&mut t, reg::QUEUE_DEVICE_LOW, Q::USED as u32);
-    w32(&mut t, reg::QUEUE_READY, 1);
-    w32(
-        &mut t,
-        reg::STATUS,
-        ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
-    );
+    bring_up(&mut t, offered_features(), &[&DriverQueue::new(QBASE, 16)]);
     assert!(t.is_activated());
     (t, p9, mem)
 }
 
 /// Submits `msg` with a 4 KiB reply buffer through QueueNotify; returns the reply.
-fn notify(t: &mut MmioTransport, mem: &GuestMem, q: &mut Q, msg: &[u8]) -> Vec<u8> {
+fn notify(t: &mut MmioTransport, mem: &GuestMem, q: &mut DriverQueue, msg: &[u8]) -> Vec<u8> {
     let at = DATA + 0x10_000 * u64::from(q.avail_idx);
     mem.write_slice(msg, GuestAddress(at)).unwrap();
     q.add_chain(
@@ -1037,7 +881,7 @@ fn the_transport_offers_the_mount_tag() {
 fn snapshots_hold_the_queue_and_refuse_a_mounted_share() {
     let f = Fixture::new();
     let (mut t, p9, mem) = running_transport(1, Share::open(&f.cfg(true)).unwrap());
-    let mut q = Q::new(16);
+    let mut q = DriverQueue::new(QBASE, 16);
     let version = B::new().u32(8192).s("9P2000.L").msg(ty::TVERSION);
     assert_eq!(
         rtype(&notify(&mut t, &mem, &mut q, &version)),
@@ -1049,7 +893,7 @@ fn snapshots_hold_the_queue_and_refuse_a_mounted_share() {
     assert_eq!(ps.slot, 1);
     assert_eq!(ps.queue.unwrap().next_avail, 1);
     let ps: P9State = serde_json::from_str(&serde_json::to_string(&ps).unwrap()).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let other = Fixture::new();
     std::fs::write(other.root.join("hello"), b"the restored VM's own share").unwrap();
     let restored = P9::restore(
@@ -1095,7 +939,6 @@ fn snapshots_hold_the_queue_and_refuse_a_mounted_share() {
 
 #[test]
 fn restore_refuses_invalid_state() {
-    let irq = || Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     let mem = create_guest_memory(MEM_SIZE).unwrap();
     let good = P9::new(2, Share::unbound(), irq(), None).save().unwrap();
     let restore = |s: &P9State, slot: usize| {

@@ -1,8 +1,12 @@
-//! virtio 1.x: the device trait, interrupt line, descriptor-chain helpers and the MMIO transport.
+//! virtio 1.x: the device trait, interrupt line, descriptor-chain helpers, the single-queue
+//! request core and the MMIO transport.
 
 pub mod mmio;
 pub mod persist;
 pub mod queue;
+pub mod request_queue;
+#[cfg(test)]
+pub mod test_driver;
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -116,6 +120,18 @@ pub fn checked_queues<const N: usize>(
         }
     }
     Ok(queues)
+}
+
+/// Fills `data` with the config space `cfg` from byte `offset` on (zero beyond its end), for
+/// [`VirtioDevice::read_config`].
+pub fn read_config_bytes(cfg: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = offset
+            .checked_add(i as u64)
+            .and_then(|o| usize::try_from(o).ok())
+            .and_then(|o| cfg.get(o).copied())
+            .unwrap_or(0);
+    }
 }
 
 /// A virtio device behind a transport.

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
+use super::MAX_BROKEN_REASON_LEN;
 use crate::memory::GuestMem;
 use crate::persist::PersistError;
 
@@ -85,6 +86,31 @@ impl QueueSnapshot {
         }
         Ok(q)
     }
+}
+
+/// Refuses a snapshot of `device` whose driver acknowledged features (`acked`) that were
+/// never `offered`.
+pub fn check_acked_features(
+    device: &'static str,
+    acked: u64,
+    offered: u64,
+) -> Result<(), PersistError> {
+    if acked & !offered != 0 {
+        return Err(PersistError::invalid(
+            device,
+            format!("acked features {acked:#x} were never offered"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a snapshot of `device` whose broken reason is longer than a device keeps
+/// ([`MAX_BROKEN_REASON_LEN`]).
+pub fn check_broken_reason(device: &'static str, broken: Option<&str>) -> Result<(), PersistError> {
+    if broken.is_some_and(|r| r.len() > MAX_BROKEN_REASON_LEN) {
+        return Err(PersistError::invalid(device, "broken reason too long"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

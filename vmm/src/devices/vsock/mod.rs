@@ -28,8 +28,8 @@ use self::packet::{
 };
 use super::virtio::queue::{collect_chain, pop_chain};
 use super::virtio::{
-    checked_queues, ActivateError, Interrupt, VirtioDevice, INT_CONFIG, INT_VRING,
-    VIRTIO_F_VERSION_1,
+    checked_queues, read_config_bytes, ActivateError, Interrupt, VirtioDevice, INT_CONFIG,
+    INT_VRING, VIRTIO_F_VERSION_1,
 };
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -522,13 +522,7 @@ impl VirtioDevice for VsockDevice {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let cfg = lock(&self.backend).cid.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = offset
-                .checked_add(i as u64)
-                .and_then(|o| usize::try_from(o).ok())
-                .and_then(|o| cfg.get(o).copied())
-                .unwrap_or(0);
-        }
+        read_config_bytes(&cfg, offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {

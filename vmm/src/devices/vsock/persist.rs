@@ -16,7 +16,7 @@ use super::{
     ConnKey, VsockBackend, VsockStats, FIRST_LOCAL_PORT, MAX_CONNECTIONS, MAX_ORPHAN_REPLIES,
     QUEUE_SIZES,
 };
-use crate::devices::virtio::persist::QueueSnapshot;
+use crate::devices::virtio::persist::{check_broken_reason, QueueSnapshot};
 use crate::devices::virtio::Interrupt;
 use crate::exit::VmEvent;
 use crate::memory::GuestMem;
@@ -24,7 +24,7 @@ use crate::persist::PersistError;
 
 const NAME: &str = "vsock";
 /// Longest "broken" reason kept.
-pub const MAX_REASON_LEN: usize = 1024;
+pub use crate::devices::virtio::MAX_BROKEN_REASON_LEN as MAX_REASON_LEN;
 
 /// Serializable vsock device state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,13 +110,7 @@ impl VsockBackend {
                 format!("{} queued replies", state.orphan_rsts.len()),
             ));
         }
-        if state
-            .broken
-            .as_ref()
-            .is_some_and(|r| r.len() > MAX_REASON_LEN)
-        {
-            return Err(PersistError::invalid(NAME, "broken reason too long"));
-        }
+        check_broken_reason(NAME, state.broken.as_deref())?;
         if !(FIRST_LOCAL_PORT..u32::MAX).contains(&state.next_local_port) {
             return Err(PersistError::invalid(
                 NAME,

@@ -6,106 +6,26 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::connection::{ConnState, CONN_BUF_ALLOC};
 use super::packet::*;
 use super::*;
+use crate::devices::virtio::test_driver::{irq, queues, DriverQueue, F_NEXT};
 use crate::devices::virtio::{Interrupt, INT_CONFIG, INT_VRING};
 use crate::memory::{create_guest_memory, GuestMem};
 
 const MEM_SIZE: usize = 4 << 20;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
 const GUEST_CID: u64 = 3;
 const DATA: u64 = 0x10_0000;
-
-struct Q {
-    desc: u64,
-    avail: u64,
-    used: u64,
-    size: u16,
-    avail_idx: u16,
-    used_seen: u16,
-    next_desc: u16,
-}
-
-impl Q {
-    fn new(base: u64, size: u16) -> Self {
-        Self {
-            desc: base,
-            avail: base + 0x1000 * 4,
-            used: base + 0x1000 * 5,
-            size,
-            avail_idx: 0,
-            used_seen: 0,
-            next_desc: 0,
-        }
-    }
-
-    fn queue(&self) -> Queue {
-        let mut q = Queue::new(256).unwrap();
-        q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc as u32), Some(0));
-        q.set_avail_ring_address(Some(self.avail as u32), Some(0));
-        q.set_used_ring_address(Some(self.used as u32), Some(0));
-        q.set_ready(true);
-        q
-    }
-
-    fn write_desc(&self, mem: &GuestMem, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = GuestAddress(self.desc + 16 * u64::from(idx));
-        mem.write_obj(addr, a).unwrap();
-        mem.write_obj(len, GuestAddress(a.0 + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(a.0 + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(a.0 + 14)).unwrap();
-    }
-
-    fn publish(&mut self, mem: &GuestMem, head: u16) {
-        let slot = self.avail + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(slot)).unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2))
-            .unwrap();
-    }
-
-    /// Adds a chain of (addr, len, writable) buffers; returns the head index.
-    fn add_chain(&mut self, mem: &GuestMem, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc % self.size;
-        let n = bufs.len() as u16;
-        for (i, (addr, len, w)) in bufs.iter().enumerate() {
-            let idx = (head + i as u16) % self.size;
-            let last = i as u16 == n - 1;
-            let flags = if last { 0 } else { F_NEXT } | if *w { F_WRITE } else { 0 };
-            self.write_desc(mem, idx, *addr, *len, flags, (idx + 1) % self.size);
-        }
-        self.next_desc = self.next_desc.wrapping_add(n);
-        self.publish(mem, head);
-        head
-    }
-
-    fn used(&mut self, mem: &GuestMem) -> Vec<(u16, u32)> {
-        let idx: u16 = mem.read_obj(GuestAddress(self.used + 2)).unwrap();
-        let mut out = Vec::new();
-        while self.used_seen != idx {
-            let e = self.used + 4 + 8 * u64::from(self.used_seen % self.size);
-            let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
-            let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
-            out.push((id as u16, len));
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        out
-    }
-}
 
 struct H {
     mem: GuestMem,
     b: VsockBackend,
     irq: Arc<Interrupt>,
-    rx: Q,
-    tx: Q,
+    rx: DriverQueue,
+    tx: DriverQueue,
     data_next: u64,
     rx_bufs: Vec<(u16, u64)>,
 }
@@ -113,12 +33,12 @@ struct H {
 impl H {
     fn with_tx_size(tx_size: u16) -> Self {
         let mem = create_guest_memory(MEM_SIZE as u64).unwrap();
-        let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         let mut b = VsockBackend::new(GUEST_CID, irq.clone(), None);
-        let rx = Q::new(0x1_0000, 16);
-        let tx = Q::new(0x2_0000, tx_size);
-        let ev = Q::new(0x3_0000, 16);
-        b.activate(mem.clone(), vec![rx.queue(), tx.queue(), ev.queue()])
+        let rx = DriverQueue::new(0x1_0000, 16);
+        let tx = DriverQueue::new(0x2_0000, tx_size);
+        let ev = DriverQueue::new(0x3_0000, 16);
+        b.activate(mem.clone(), queues(&[&rx, &tx, &ev], QUEUE_SIZE))
             .unwrap();
         Self {
             mem,
@@ -305,7 +225,7 @@ fn head_index_out_of_range_breaks_device() {
 fn avail_index_running_ahead_breaks_device() {
     let mut h = H::new();
     h.mem
-        .write_obj(1000u16, GuestAddress(h.tx.avail + 2))
+        .write_obj(1000u16, GuestAddress(h.tx.avail_addr() + 2))
         .unwrap();
     h.b.process();
     assert!(h.broken());
@@ -751,7 +671,7 @@ fn many_concurrent_connections() {
 
 #[test]
 fn host_connect_refused_before_activation() {
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let mut b = VsockBackend::new(3, irq, None);
     assert!(b
         .connect_from_host(1, UnixStream::pair().unwrap().0)
@@ -760,7 +680,7 @@ fn host_connect_refused_before_activation() {
 
 #[test]
 fn config_space_reports_cid() {
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let b = Arc::new(std::sync::Mutex::new(VsockBackend::new(
         0x0001_2345_6789,
         irq,
@@ -804,15 +724,15 @@ fn muxer_hybrid_handshake_end_to_end() {
     let path = dir.path().join("v.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let mem = create_guest_memory(MEM_SIZE as u64).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let backend = Arc::new(std::sync::Mutex::new(VsockBackend::new(
         GUEST_CID, irq, None,
     )));
-    let mut rx = Q::new(0x1_0000, 16);
-    let mut tx = Q::new(0x2_0000, 16);
-    let ev = Q::new(0x3_0000, 16);
+    let mut rx = DriverQueue::new(0x1_0000, 16);
+    let mut tx = DriverQueue::new(0x2_0000, 16);
+    let ev = DriverQueue::new(0x3_0000, 16);
     lock(&backend)
-        .activate(mem.clone(), vec![rx.queue(), tx.queue(), ev.queue()])
+        .activate(mem.clone(), queues(&[&rx, &tx, &ev], QUEUE_SIZE))
         .unwrap();
     let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
     let stop = Arc::new(AtomicBool::new(false));

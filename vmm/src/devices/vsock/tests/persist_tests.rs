@@ -18,7 +18,7 @@ fn swap_in_restored(
     let state = h.b.save();
     let json = serde_json::to_vec(&state).unwrap();
     let state: VsockBackendState = serde_json::from_slice(&json).unwrap();
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let restored =
         VsockBackend::restore(&state, h.mem.clone(), irq.clone(), None, &mut stream_for).unwrap();
     if identical {
@@ -113,7 +113,7 @@ fn queued_orphan_rst_survives_restore() {
 
 #[test]
 fn inactive_device_round_trips() {
-    let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     let b = VsockBackend::new(GUEST_CID, irq.clone(), None);
     let s = b.save();
     let mem = create_guest_memory(MEM_SIZE as u64).unwrap();
