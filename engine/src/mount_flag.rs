@@ -58,7 +58,9 @@ pub fn from_spec(m: &Mount, missing_rw: &[PathBuf]) -> Result<HostMount, String>
     let host = PathBuf::from(&m.host);
     Ok(HostMount {
         create: missing_rw.contains(&host),
-        host,
+        // Shares need absolute host paths; a plan made from a relative spec path has
+        // relative ones.
+        host: std::path::absolute(&host).unwrap_or(host),
         guest: m.guest.clone(),
         read_only: m.mode == MountMode::Ro,
     })

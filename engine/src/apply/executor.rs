@@ -123,17 +123,6 @@ impl VmExecutor {
             (p, None) => p,
         };
         cfg.network = policy.map(|p| crate::network::nat_config(p, &self.dns_upstreams));
-        cfg.shares = job
-            .node
-            .sandbox
-            .mounts
-            .iter()
-            .map(|m| crate::sandbox::shares::Share {
-                host: std::path::absolute(&m.host).unwrap_or_else(|_| PathBuf::from(&m.host)),
-                guest: m.guest.clone(),
-                read_only: m.mode == crate::spec::model::MountMode::Ro,
-            })
-            .collect();
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -183,25 +172,31 @@ impl VmExecutor {
             Err(e) => return Attempt::failed(Status::Failed, e),
         };
         // `rw` mounts whose host directory did not exist are created now (as void-box does).
-        for d in &job.node.sandbox.create_mount_dirs {
-            if let Err(e) = std::fs::create_dir_all(d) {
-                let mut a = Attempt::failed(
-                    Status::Failed,
-                    format!("cannot create the mount directory {}: {e}", d.display()),
-                );
+        let sandbox = &job.node.sandbox;
+        let mounts = sandbox
+            .mounts
+            .iter()
+            .map(|m| crate::mount_flag::from_spec(m, &sandbox.create_mount_dirs))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|m| crate::mount_flag::create_dirs(&m).map(|()| m));
+        let mounts = match mounts {
+            Ok(m) => m,
+            Err(e) => {
+                let mut a = Attempt::failed(Status::Failed, format!("mount: {e}"));
                 a.environment = true;
                 return a;
             }
-        }
+        };
         let boot_t0 = Instant::now();
         let named = job.node.sandbox.snapshot.as_deref();
         let cancelled = || ctl.stopped().is_some();
-        let cfg = self.config(
+        let mut cfg = self.config(
             job,
             console,
             &prepared.req.program,
             gateway.as_ref().map(Gateway::port),
         );
+        cfg.shares = crate::mount_flag::shares(&mounts);
         let mut sb = match self.snapshots.start(&cfg, named, &cancelled) {
             Ok(sb) => sb,
             Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),

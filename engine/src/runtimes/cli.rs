@@ -122,31 +122,28 @@ fn run(cmd: RuntimesCommand) -> Result<ExitCode, RuntimesError> {
 /// Removes the cached disk whose key is `key` or starts with it (one match only); returns
 /// its key.
 pub fn remove(cache_root: Option<&Path>, key: &str) -> Result<String, RuntimesError> {
+    const DISKS: crate::image::cache::PrefixOf = crate::image::cache::PrefixOf {
+        key: "runtimes key",
+        noun: "runtimes disk",
+        hint: " (see `voidbox runtimes ls`)",
+    };
+    let prefix = DISKS.check(key).map_err(RuntimesError::NotFound)?;
     let dir = runtimes_dir(cache_root)?;
     let mut found: Vec<String> = match std::fs::read_dir(&dir) {
         Ok(rd) => rd
             .flatten()
             .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| crate::image::cache::is_hash(n) && !key.is_empty() && n.starts_with(key))
+            .filter(|n| crate::image::cache::is_hash(n) && n.starts_with(&prefix))
             .collect(),
         Err(_) => Vec::new(),
     };
     found.sort();
-    match found.as_slice() {
-        [one] => {
-            let cache = Cache::open(cache_root)?;
-            crate::image::cache::remove_dir_atomically(&dir.join(one), &cache.tmp_dir()?)?;
-            Ok(one.clone())
-        }
-        [] => Err(RuntimesError::NotFound(format!(
-            "no cached runtimes disk `{key}` in {}",
-            dir.display()
-        ))),
-        many => Err(RuntimesError::NotFound(format!(
-            "`{key}` matches {} runtimes disks; give more of the key",
-            many.len()
-        ))),
-    }
+    let one = DISKS
+        .unique(&prefix, found)
+        .map_err(RuntimesError::NotFound)?;
+    let cache = Cache::open(cache_root)?;
+    crate::image::cache::remove_dir_atomically(&dir.join(&one), &cache.tmp_dir()?)?;
+    Ok(one)
 }
 
 /// `runtimes/` under the cache root.
