@@ -285,3 +285,76 @@ fn the_runtimes_variables_win_and_the_gateway_summary_reads_well() {
         "gateway: 3 requests, 1 input token (1 cached), 1 output token, 2 refused, 1 upstream error"
     );
 }
+
+#[test]
+fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
+    let base = GuestImage {
+        hash: "h".into(),
+        vmlinux: "k".into(),
+        system_disk: "d".into(),
+        system_disk_sha256: "s".into(),
+        agent: "a".into(),
+        initramfs: None,
+        profile: crate::image::Profile::Compat,
+        cmdline: String::new(),
+    };
+    let disk = ImageDisk {
+        path: "/cache/runtimes.erofs".into(),
+        digest: "sha256:ab".into(),
+        role: crate::sandbox::disks::DiskRole::Skill {
+            mount: crate::runtimes::GUEST_MOUNT.into(),
+            writable: false,
+        },
+    };
+    let vm = |spec: &str| {
+        let plan = compile_for_test(spec);
+        let a = args(&["-e", "A=1"]);
+        let setup = Setup::new(&a, Some(&plan)).unwrap();
+        let agent = AgentVm {
+            disk: disk.clone(),
+            gateway_port: 4321,
+        };
+        vm_config(
+            &a,
+            &setup,
+            Some(&plan),
+            base.clone(),
+            crate::runtimes::CLAUDE_BIN,
+            Some(agent),
+        )
+        .unwrap()
+    };
+    let (cfg, program) = vm(AGENT);
+    assert_eq!(cfg.disks.images, [disk.clone()]);
+    assert_eq!(cfg.memory_mb, 2048);
+    // No `network` in the spec: the NAT reaches the gateway and nothing else.
+    let net = cfg.network.as_ref().unwrap();
+    assert_eq!(net.policy.allow_host_ports, [4321]);
+    assert!(!net.policy.public_egress);
+    // The guest may start the runtime (and nothing else the spec did not allow).
+    let policy = cfg.policy.as_ref().unwrap();
+    assert_eq!(
+        policy.allowlist.as_deref(),
+        Some(&[crate::runtimes::CLAUDE_BIN.to_string()][..])
+    );
+    assert!(policy.validate().is_ok());
+    assert_eq!(
+        program.env,
+        [
+            ("EDITOR".to_string(), "vi".to_string()),
+            ("A".into(), "1".into())
+        ]
+    );
+    // A spec with network keeps it, plus the gateway's port.
+    let (cfg, _) = vm(&AGENT.replace(
+        "env: {EDITOR: vi}",
+        "env: {EDITOR: vi}\n  network: true\n  allowed_commands: [git]",
+    ));
+    let net = cfg.network.as_ref().unwrap();
+    assert_eq!(net.policy.allow_host_ports, [4321]);
+    assert!(net.policy.public_egress);
+    assert_eq!(
+        cfg.policy.unwrap().allowlist.unwrap(),
+        [crate::runtimes::CLAUDE_BIN.to_string(), "git".into()]
+    );
+}
