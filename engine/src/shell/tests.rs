@@ -325,7 +325,7 @@ fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
         .unwrap()
     };
     let (cfg, program) = vm(AGENT);
-    assert_eq!(cfg.disks.images, [disk.clone()]);
+    assert_eq!(cfg.disks.images, std::slice::from_ref(&disk));
     assert_eq!(cfg.memory_mb, 2048);
     // No `network` in the spec: the NAT reaches the gateway and nothing else.
     let net = cfg.network.as_ref().unwrap();
