@@ -1,13 +1,15 @@
 //! `voidbox shell` end to end on real micro-VMs, driven through a real terminal: a detached
 //! `tmux` session (its own server socket) types into the host shell that starts voidbox
-//! and reads the pane back. Each VM is restored from the 128 MiB golden snapshot. Needs
-//! `tmux` (`apt-get install -y tmux`); see `voidbox_tests::vm` for skipping without KVM.
+//! and reads the pane back. Each VM is restored from the 128 MiB golden snapshot (the
+//! interactive agent's from a 2 GiB one with the runtimes disk). Needs `tmux`
+//! (`apt-get install -y tmux`); see `voidbox_tests::vm` for skipping without KVM.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use voidbox_llm_script::{Script, Server, Turn};
 use voidbox_tests::vm::{child_pids, guest_image};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
@@ -115,12 +117,17 @@ impl Tmux {
     /// Waits for voidbox to end; returns its exit status and checks that the host
     /// terminal is back in canonical mode with echo.
     fn shell_status(&self) -> i32 {
+        self.shell_status_within(STEP)
+    }
+
+    /// [`Tmux::shell_status`], waiting up to `limit` for voidbox to end.
+    fn shell_status_within(&self, limit: Duration) -> i32 {
         let rc = self.dir.path().join("rc");
         let t0 = Instant::now();
         let text = loop {
             match std::fs::read_to_string(&rc) {
                 Ok(t) if t.ends_with('\n') => break t,
-                _ if t0.elapsed() > STEP => {
+                _ if t0.elapsed() > limit => {
                     panic!("voidbox did not end; pane:\n{}", self.pane().join("\n"))
                 }
                 _ => std::thread::sleep(Duration::from_millis(100)),
@@ -340,4 +347,142 @@ fn bad_mounts_are_usage_errors_before_a_vm_starts() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("/nonexistent-5e1c"), "{stderr}");
+}
+
+/// `n` random bytes from the kernel, in hex.
+fn random_hex(n: usize) -> String {
+    use std::io::Read;
+    let mut b = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("/dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Claude Code's terminal UI in an interactive agent's VM, through the real credential
+/// gateway to the scripted model (`voidbox-llm-script`) on host loopback: the spec's prompt
+/// is its first message, the model's answer shows on the terminal, every request reached
+/// the model with the real key (the guest only ever held the gateway's placeholder), the
+/// kit's prompt file reached the model, `/exit` ends voidbox with the runtime's status, the
+/// gateway's counters are printed and the host terminal is restored.
+#[test]
+fn an_interactive_agent_opens_claude_code_through_the_gateway() {
+    if guest_image().is_none() {
+        return;
+    }
+    // Claude Code's TUI starts in minutes where guest kernel code is interpreted; a golden
+    // snapshot of this VM size (with the runtimes warmed up) is made on first use.
+    const UP: Duration = Duration::from_secs(1500);
+    const ANSWER: &str = "vbx-interactive-ok";
+    let t0 = Instant::now();
+    let key = format!("sk-ant-vbxshell-{}", random_hex(16));
+    let nonce = random_hex(6);
+    let server = Server::start(Script {
+        expect_key: Some(key.clone()),
+        ..Script::new([Turn::text(ANSWER)])
+    });
+    let t = Tmux::start(120, 40);
+    let d = t.dir.path().to_path_buf();
+    std::fs::write(d.join("key"), &key).unwrap();
+    std::fs::write(
+        d.join("AGENTS.md"),
+        format!("# Rules\n\nProject rule vbx-rule-{nonce}: answer briefly.\n"),
+    )
+    .unwrap();
+    let spec = voidbox_tests::write_file(
+        &d,
+        "agent.yaml",
+        &format!(
+            "api_version: v1\nkind: agent\nname: helper\nsandbox:\n  memory_mb: 2048\n\
+             llm: {{provider: claude, base_url: '{}', api_key_env: VBX_SHELL_KEY, model: claude-vbx-test}}\n\
+             agent:\n  prompt: 'Say the marker (vbx-prompt-{nonce}).'\n  prompt_files: [AGENTS.md]\n  mode: interactive\n",
+            server.base_url()
+        ),
+    );
+    // The key reaches voidbox through its environment only (never typed on the pane).
+    t.line(&format!(
+        "env VBX_SHELL_KEY=\"$(cat {dir}/key)\" {VOIDBOX} shell --boot-timeout 600 {spec}; echo rc=$? > {dir}/rc; stty -a > {dir}/stty",
+        dir = d.display()
+    ));
+    t.wait_line(UP, |l| l.contains(ANSWER));
+    let answered = t0.elapsed();
+    let calls = server.model_calls();
+    assert!(!calls.is_empty(), "no model call reached the server");
+    for c in &calls {
+        // The server answers only the real key: the gateway swapped the placeholder.
+        assert_eq!(
+            c.credential(),
+            Some(key.as_str()),
+            "a request without the key"
+        );
+        assert_eq!(c.status, 200);
+    }
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.body_contains(&format!("vbx-prompt-{nonce}"))),
+        "the spec's prompt did not reach the model"
+    );
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.body_contains(&format!("vbx-rule-{nonce}"))),
+        "the kit's prompt file did not reach the model"
+    );
+    t.tmux(&["send-keys", "-t", "t", "-l", "/exit"]);
+    std::thread::sleep(Duration::from_secs(2));
+    t.tmux(&["send-keys", "-t", "t", "Enter"]);
+    let code = t.shell_status_within(Duration::from_secs(300));
+    let pane = t.pane().join("\n");
+    eprintln!(
+        "shell_cli: answer after {answered:?}, ended after {:?}\n{pane}",
+        t0.elapsed()
+    );
+    assert_eq!(code, 0, "{pane}");
+    // Every request the server saw went through the gateway, and it counted them.
+    let forwarded = server.requests().len();
+    assert!(
+        pane.contains(&format!("voidbox: gateway: {forwarded} request")),
+        "{pane}"
+    );
+    assert!(!pane.contains(&key), "the key showed on the terminal");
+}
+
+#[test]
+fn an_agent_on_the_mock_runtime_or_with_a_program_is_refused_before_a_vm_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |name: &str, llm: &str| {
+        voidbox_tests::write_file(
+            dir.path(),
+            name,
+            &format!("api_version: v1\nkind: agent\nname: a\nllm: {llm}\nagent:\n  prompt: hi\n  mode: interactive\n"),
+        )
+    };
+    let mock = spec("mock.yaml", "{provider: mock}");
+    let claude = spec(
+        "claude.yaml",
+        "{provider: claude, api_key_env: VBX_SHELL_UNSET_KEY}",
+    );
+    let run = |args: &[&str]| {
+        let out = Command::new(VOIDBOX)
+            .arg("shell")
+            .args(args)
+            .env_remove("VBX_SHELL_UNSET_KEY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[&mock]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no interactive mode"), "{err}");
+    let (code, err) = run(&[&claude]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("VBX_SHELL_UNSET_KEY"), "{err}");
+    let (code, err) = run(&[&claude, "--program", "/bin/sh"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--program"), "{err}");
 }

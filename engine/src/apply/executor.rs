@@ -108,20 +108,7 @@ impl VmExecutor {
         if let Some(v) = vm {
             cfg.disks = v.disks.clone();
         }
-        let policy = match (job.node.sandbox.network.clone(), gateway_port) {
-            (Some(mut p), Some(port)) => {
-                if !p.allow_host_ports.contains(&port) {
-                    p.allow_host_ports.push(port);
-                }
-                Some(p)
-            }
-            (None, Some(port)) => Some(voidbox_net::Policy {
-                allow_host_ports: vec![port],
-                public_egress: false,
-                ..voidbox_net::Policy::default()
-            }),
-            (p, None) => p,
-        };
+        let policy = crate::gateway::guest_network(job.node.sandbox.network.clone(), gateway_port);
         cfg.network = policy.map(|p| crate::network::nat_config(p, &self.dns_upstreams));
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);

@@ -271,14 +271,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
                 continue;
             }
             let vm = node_vms.entry(name.clone()).or_default();
-            vm.disks.images.push(crate::sandbox::disks::ImageDisk {
-                path: disk.path.clone(),
-                digest: format!("sha256:{}", disk.digest),
-                role: crate::sandbox::disks::DiskRole::Skill {
-                    mount: crate::runtimes::GUEST_MOUNT.into(),
-                    writable: false,
-                },
-            });
+            vm.disks.images.push(disk.image_disk());
             if let Err(e) = vm.disks.check() {
                 eprintln!("error: node `{name}`: {e}");
                 return 3;

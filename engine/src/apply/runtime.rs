@@ -230,48 +230,12 @@ pub fn launch(
                 data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
                 mode: 0o600,
             }];
-            let servers = mcp_servers(agent);
-            if !servers.is_empty() {
-                // Only the spec's servers: none from elsewhere in the guest.
-                args.extend([
-                    "--mcp-config".into(),
-                    CLAUDE_MCP_CONFIG.into(),
-                    "--strict-mcp-config".into(),
-                ]);
-                files.push(GuestFile {
-                    path: CLAUDE_MCP_CONFIG.into(),
-                    data: claude_mcp_config(&servers).into_bytes(),
-                    mode: 0o600,
-                });
-            }
+            claude_mcp(agent, &mut args, &mut files);
             Ok(Launch {
                 request: ExecRequest {
                     program: crate::runtimes::CLAUDE_BIN.into(),
                     args,
-                    env: vec![
-                        ("HOME".into(), HOME.into()),
-                        (
-                            "PATH".into(),
-                            format!(
-                                "{}:{}",
-                                path_with(crate::runtimes::CLAUDE_BIN),
-                                crate::runtimes::BASH_BIN_DIR
-                            ),
-                        ),
-                        // Its Bash tool needs bash (the guest image has only busybox `sh`).
-                        ("SHELL".into(), crate::runtimes::BASH_BIN.into()),
-                        ("ANTHROPIC_BASE_URL".into(), gw.base_url.clone()),
-                        ("ANTHROPIC_API_KEY".into(), gw.token.clone()),
-                        (
-                            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
-                            "1".into(),
-                        ),
-                        ("DISABLE_AUTOUPDATER".into(), "1".into()),
-                        ("DISABLE_TELEMETRY".into(), "1".into()),
-                        ("DISABLE_ERROR_REPORTING".into(), "1".into()),
-                        ("CLAUDE_CODE_MAX_RETRIES".into(), MAX_RETRIES.to_string()),
-                        ("TMPDIR".into(), "/tmp".into()),
-                    ],
+                    env: claude_env(gw),
                     ..base
                 },
                 files,
@@ -294,30 +258,198 @@ pub fn launch(
                 request: ExecRequest {
                     program: crate::runtimes::CODEX_BIN.into(),
                     args,
-                    env: vec![
-                        ("HOME".into(), HOME.into()),
-                        ("CODEX_HOME".into(), CODEX_HOME.into()),
-                        ("PATH".into(), path_with(crate::runtimes::CODEX_BIN)),
-                        (CODEX_TOKEN_ENV.into(), gw.token.clone()),
-                        ("TMPDIR".into(), "/tmp".into()),
-                    ],
+                    env: codex_env(gw),
                     ..base
                 },
-                files: vec![GuestFile {
-                    path: format!("{CODEX_HOME}/config.toml"),
-                    data: codex_config(
-                        endpoint.model.as_deref(),
-                        &gw.base_url,
-                        &mcp_servers(agent),
-                    )
-                    .into_bytes(),
-                    mode: 0o600,
-                }],
+                files: vec![codex_config_file(codex_config(
+                    endpoint.model.as_deref(),
+                    &gw.base_url,
+                    &mcp_servers(agent),
+                ))],
                 format: Format::CodexExecJson,
                 layout: crate::kit::Layout::of(runtime),
             })
         }
     }
+}
+
+/// How an interactive session of `agent`'s runtime starts (`voidbox shell AGENT_SPEC`):
+/// the runtime's own terminal UI in `workdir`, with the environment, gateway and MCP
+/// servers of [`launch`] and the spec's prompt (if any) as the session's first message.
+/// Claude Code gets no `-p`/`--output-format`, and its first-run dialogs (onboarding,
+/// trust of `workdir`, the bypass-permissions warning, the API key in its environment —
+/// the gateway's placeholder) answered in its configuration; Codex its TUI (no `exec`,
+/// `--no-daemon`: the guest runs no background server), `workdir` trusted. The mock
+/// runtime has no interactive mode.
+pub fn launch_interactive(
+    agent: &AgentAction,
+    endpoint: &Endpoint,
+    gw: &GatewayAccess,
+    workdir: &str,
+) -> Result<Launch, String> {
+    let runtime = endpoint.runtime;
+    let base = ExecRequest {
+        workdir: Some(workdir.into()),
+        ..ExecRequest::default()
+    };
+    // The prompt after `--`, so that one that looks like a flag stays the prompt.
+    let prompt = || {
+        (!agent.prompt.trim().is_empty())
+            .then(|| ["--".to_string(), agent.prompt.clone()])
+            .into_iter()
+            .flatten()
+    };
+    match runtime {
+        Runtime::Mock => Err(MOCK_NOT_INTERACTIVE.into()),
+        Runtime::ClaudeCode => {
+            let mut args = vec!["--dangerously-skip-permissions".to_string()];
+            if let Some(m) = &endpoint.model {
+                args.extend(["--model".into(), m.clone()]);
+            }
+            let mut files = vec![
+                GuestFile {
+                    path: format!("{HOME}/.claude.json"),
+                    data: claude_interactive_state(&gw.token, workdir).into_bytes(),
+                    mode: 0o600,
+                },
+                GuestFile {
+                    path: format!("{HOME}/.claude/settings.json"),
+                    data: br#"{"skipDangerousModePermissionPrompt":true}"#.to_vec(),
+                    mode: 0o600,
+                },
+            ];
+            claude_mcp(agent, &mut args, &mut files);
+            args.extend(prompt());
+            Ok(Launch {
+                request: ExecRequest {
+                    program: crate::runtimes::CLAUDE_BIN.into(),
+                    args,
+                    env: claude_env(gw),
+                    ..base
+                },
+                files,
+                format: Format::ClaudeStreamJson,
+                layout: crate::kit::Layout::of(runtime),
+            })
+        }
+        Runtime::Codex => {
+            let mut args = vec!["--no-daemon".to_string()];
+            if let Some(m) = &endpoint.model {
+                args.extend(["-m".into(), m.clone()]);
+            }
+            args.extend(prompt());
+            let mut config =
+                codex_config(endpoint.model.as_deref(), &gw.base_url, &mcp_servers(agent));
+            config.push_str(&format!(
+                "\n[projects.{}]\ntrust_level = \"trusted\"\n",
+                toml_string(workdir)
+            ));
+            Ok(Launch {
+                request: ExecRequest {
+                    program: crate::runtimes::CODEX_BIN.into(),
+                    args,
+                    env: codex_env(gw),
+                    ..base
+                },
+                files: vec![codex_config_file(config)],
+                format: Format::CodexExecJson,
+                layout: crate::kit::Layout::of(runtime),
+            })
+        }
+    }
+}
+
+/// Why an agent on the mock runtime cannot be opened interactively.
+pub const MOCK_NOT_INTERACTIVE: &str =
+    "the mock runtime (`provider: mock`) has no interactive mode: it only answers a task's prompt";
+
+/// Claude Code's environment: the gateway, bash for its Bash tool, no traffic of its own.
+fn claude_env(gw: &GatewayAccess) -> Vec<(String, String)> {
+    vec![
+        ("HOME".into(), HOME.into()),
+        (
+            "PATH".into(),
+            format!(
+                "{}:{}",
+                path_with(crate::runtimes::CLAUDE_BIN),
+                crate::runtimes::BASH_BIN_DIR
+            ),
+        ),
+        // Its Bash tool needs bash (the guest image has only busybox `sh`).
+        ("SHELL".into(), crate::runtimes::BASH_BIN.into()),
+        ("ANTHROPIC_BASE_URL".into(), gw.base_url.clone()),
+        ("ANTHROPIC_API_KEY".into(), gw.token.clone()),
+        (
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "1".into(),
+        ),
+        ("DISABLE_AUTOUPDATER".into(), "1".into()),
+        ("DISABLE_TELEMETRY".into(), "1".into()),
+        ("DISABLE_ERROR_REPORTING".into(), "1".into()),
+        ("CLAUDE_CODE_MAX_RETRIES".into(), MAX_RETRIES.to_string()),
+        ("TMPDIR".into(), "/tmp".into()),
+    ]
+}
+
+/// Codex's environment: its home and the gateway token ([`CODEX_TOKEN_ENV`]).
+fn codex_env(gw: &GatewayAccess) -> Vec<(String, String)> {
+    vec![
+        ("HOME".into(), HOME.into()),
+        ("CODEX_HOME".into(), CODEX_HOME.into()),
+        ("PATH".into(), path_with(crate::runtimes::CODEX_BIN)),
+        (CODEX_TOKEN_ENV.into(), gw.token.clone()),
+        ("TMPDIR".into(), "/tmp".into()),
+    ]
+}
+
+/// Claude Code's MCP flags and configuration file, when the agent has MCP servers.
+fn claude_mcp(agent: &AgentAction, args: &mut Vec<String>, files: &mut Vec<GuestFile>) {
+    let servers = mcp_servers(agent);
+    if !servers.is_empty() {
+        // Only the spec's servers: none from elsewhere in the guest.
+        args.extend([
+            "--mcp-config".into(),
+            CLAUDE_MCP_CONFIG.into(),
+            "--strict-mcp-config".into(),
+        ]);
+        files.push(GuestFile {
+            path: CLAUDE_MCP_CONFIG.into(),
+            data: claude_mcp_config(&servers).into_bytes(),
+            mode: 0o600,
+        });
+    }
+}
+
+/// Codex's `config.toml` as a guest file.
+fn codex_config_file(config: String) -> GuestFile {
+    GuestFile {
+        path: format!("{CODEX_HOME}/config.toml"),
+        data: config.into_bytes(),
+        mode: 0o600,
+    }
+}
+
+/// Claude Code's `~/.claude.json` for an interactive session: onboarding done, the
+/// bypass-permissions warning accepted, `workdir` trusted, and the API key in its
+/// environment (the gateway's placeholder `token`, which Claude Code knows by its last 20
+/// characters) approved.
+pub fn claude_interactive_state(token: &str, workdir: &str) -> String {
+    let tail: String = {
+        let chars: Vec<char> = token.chars().collect();
+        chars[chars.len().saturating_sub(20)..].iter().collect()
+    };
+    let mut projects = serde_json::Map::new();
+    projects.insert(
+        workdir.to_string(),
+        serde_json::json!({ "hasTrustDialogAccepted": true }),
+    );
+    serde_json::json!({
+        "hasCompletedOnboarding": true,
+        "bypassPermissionsModeAccepted": true,
+        "customApiKeyResponses": { "approved": [tail], "rejected": [] },
+        "projects": projects,
+    })
+    .to_string()
 }
 
 /// The runtime's name in messages and reports.
@@ -616,6 +748,123 @@ mod tests {
         )
         .unwrap();
         assert!(!l.request.args.iter().any(|x| x == "--mcp-config"));
+    }
+
+    #[test]
+    fn claude_code_opens_its_terminal_ui_with_the_prompt_and_no_dialogs() {
+        let task = launch(
+            &agent("-do it"),
+            &endpoint(Runtime::ClaudeCode, Some("gemma")),
+            Some(&gw()),
+            "/workspace/o",
+            None,
+        )
+        .unwrap();
+        let l = launch_interactive(
+            &agent("-do it"),
+            &endpoint(Runtime::ClaudeCode, Some("gemma")),
+            &gw(),
+            WORKDIR,
+        )
+        .unwrap();
+        assert_eq!(l.request.program, crate::runtimes::CLAUDE_BIN);
+        // No headless flags; the prompt is the first message, after `--`.
+        assert_eq!(
+            l.request.args,
+            [
+                "--dangerously-skip-permissions",
+                "--model",
+                "gemma",
+                "--",
+                "-do it"
+            ]
+        );
+        // The same environment (gateway, placeholder, bash) as a task, and no timeout.
+        assert_eq!(l.request.env, task.request.env);
+        assert_eq!(l.request.workdir.as_deref(), Some(WORKDIR));
+        assert_eq!(l.request.timeout_secs, None);
+        let state: serde_json::Value = serde_json::from_slice(&l.files[0].data).unwrap();
+        assert_eq!(l.files[0].path, "/home/sandbox/.claude.json");
+        assert_eq!(state["hasCompletedOnboarding"], true);
+        assert_eq!(state["bypassPermissionsModeAccepted"], true);
+        assert_eq!(
+            state["projects"]["/workspace"]["hasTrustDialogAccepted"],
+            true
+        );
+        // Claude Code remembers an approved key by its last 20 characters.
+        assert_eq!(
+            state["customApiKeyResponses"]["approved"],
+            serde_json::json!(["vbx-placeholder"])
+        );
+        let long = claude_interactive_state("sk-0123456789abcdefghijklmnop", "/w");
+        let long: serde_json::Value = serde_json::from_str(&long).unwrap();
+        assert_eq!(
+            long["customApiKeyResponses"]["approved"],
+            serde_json::json!(["6789abcdefghijklmnop"])
+        );
+        assert_eq!(long["projects"]["/w"]["hasTrustDialogAccepted"], true);
+        assert_eq!(l.files[1].path, "/home/sandbox/.claude/settings.json");
+        assert_eq!(l.layout.skills_dir(), "/home/sandbox/.claude/skills");
+        // An empty prompt opens an empty session; MCP servers keep their strict config.
+        let mut a = agent("  ");
+        a.skills = vec![SkillEntry::Mcp(McpSkill {
+            mcp: "echo".into(),
+            command: "/bin/echo-server".into(),
+            args: Vec::new(),
+            env: Default::default(),
+        })];
+        let l =
+            launch_interactive(&a, &endpoint(Runtime::ClaudeCode, None), &gw(), "/src").unwrap();
+        assert_eq!(
+            l.request.args,
+            [
+                "--dangerously-skip-permissions",
+                "--mcp-config",
+                CLAUDE_MCP_CONFIG,
+                "--strict-mcp-config"
+            ]
+        );
+        assert_eq!(l.request.workdir.as_deref(), Some("/src"));
+        assert!(l.files.iter().any(|f| f.path == CLAUDE_MCP_CONFIG));
+    }
+
+    #[test]
+    fn codex_opens_its_tui_and_the_mock_cannot() {
+        let l = launch_interactive(
+            &agent("--help"),
+            &endpoint(Runtime::Codex, Some("gpt-x")),
+            &gw(),
+            WORKDIR,
+        )
+        .unwrap();
+        assert_eq!(l.request.program, crate::runtimes::CODEX_BIN);
+        assert_eq!(
+            l.request.args,
+            ["--no-daemon", "-m", "gpt-x", "--", "--help"]
+        );
+        assert!(!l.request.args.iter().any(|a| a == "exec" || a == "--json"));
+        assert!(l
+            .request
+            .env
+            .contains(&(CODEX_TOKEN_ENV.into(), "vbx-placeholder".into())));
+        let cfg = String::from_utf8(l.files[0].data.clone()).unwrap();
+        assert_eq!(l.files[0].path, "/home/sandbox/.codex/config.toml");
+        // The task's configuration, with the working directory trusted.
+        assert!(
+            cfg.starts_with(&codex_config(Some("gpt-x"), "http://10.0.2.2:4321/v1", &[])),
+            "{cfg}"
+        );
+        assert!(
+            cfg.ends_with("\n[projects.\"/workspace\"]\ntrust_level = \"trusted\"\n"),
+            "{cfg}"
+        );
+        assert!(!cfg.contains("vbx-placeholder"));
+        let l = launch_interactive(&agent(""), &endpoint(Runtime::Codex, None), &gw(), WORKDIR)
+            .unwrap();
+        assert_eq!(l.request.args, ["--no-daemon"]);
+        let e = launch_interactive(&agent("x"), &endpoint(Runtime::Mock, None), &gw(), WORKDIR)
+            .unwrap_err();
+        assert!(e.contains("no interactive mode"), "{e}");
     }
 
     #[test]

@@ -265,6 +265,30 @@ impl Drop for Gateway {
     }
 }
 
+/// The network policy of a VM whose runtime talks to its gateway on host loopback port
+/// `gateway_port`: `node`'s own policy with that port allowed, or — for a node without
+/// network — a NAT that reaches the gateway only (no public egress). Without a gateway,
+/// `node` as it is.
+pub fn guest_network(
+    node: Option<voidbox_net::Policy>,
+    gateway_port: Option<u16>,
+) -> Option<voidbox_net::Policy> {
+    match (node, gateway_port) {
+        (Some(mut p), Some(port)) => {
+            if !p.allow_host_ports.contains(&port) {
+                p.allow_host_ports.push(port);
+            }
+            Some(p)
+        }
+        (None, Some(port)) => Some(voidbox_net::Policy {
+            allow_host_ports: vec![port],
+            public_egress: false,
+            ..voidbox_net::Policy::default()
+        }),
+        (p, None) => p,
+    }
+}
+
 /// A fresh placeholder token: `vbx-` and 192 random bits in hex.
 fn new_token() -> Result<String, GatewayError> {
     let mut bytes = [0u8; 24];

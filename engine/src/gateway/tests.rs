@@ -710,3 +710,26 @@ async fn json(resp: reqwest::Response) -> serde_json::Value {
     let bytes = resp.bytes().await.expect("body");
     serde_json::from_slice(&bytes).expect("json body")
 }
+
+#[test]
+fn the_guest_network_reaches_the_gateway_and_keeps_the_nodes_policy() {
+    // No network of its own: the gateway only, no public egress.
+    let only = guest_network(None, Some(4321)).unwrap();
+    assert_eq!(only.allow_host_ports, [4321]);
+    assert!(!only.public_egress);
+    // A node's policy keeps everything it says, plus the gateway's port (once).
+    let node = voidbox_net::Policy {
+        allow_host_ports: vec![8080],
+        allow_domains: vec!["example.com".into()],
+        ..voidbox_net::Policy::default()
+    };
+    let merged = guest_network(Some(node.clone()), Some(4321)).unwrap();
+    assert_eq!(merged.allow_host_ports, [8080, 4321]);
+    assert_eq!(merged.allow_domains, node.allow_domains);
+    assert_eq!(merged.public_egress, node.public_egress);
+    let again = guest_network(Some(merged.clone()), Some(4321)).unwrap();
+    assert_eq!(again.allow_host_ports, [8080, 4321]);
+    // Without a gateway nothing changes, and no network stays none.
+    assert_eq!(guest_network(Some(node.clone()), None), Some(node));
+    assert_eq!(guest_network(None, None), None);
+}

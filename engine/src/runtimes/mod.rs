@@ -117,6 +117,18 @@ impl RuntimesDisk {
         );
         parts.join(", ")
     }
+
+    /// The disk as a VM gets it: read-only at [`GUEST_MOUNT`], checked by its digest.
+    pub fn image_disk(&self) -> crate::sandbox::disks::ImageDisk {
+        crate::sandbox::disks::ImageDisk {
+            path: self.path.clone(),
+            digest: format!("sha256:{}", self.digest),
+            role: crate::sandbox::disks::DiskRole::Skill {
+                mount: GUEST_MOUNT.into(),
+                writable: false,
+            },
+        }
+    }
 }
 
 /// A short name for a package: `@anthropic-ai/claude-code-linux-x64-musl` → `claude-code`,

@@ -8,11 +8,22 @@
 //! `--program` (default `/bin/sh`), and the host terminal is put in raw mode for it
 //! ([`terminal`]) and restored on every exit path.
 //!
+//! An agent opens its own runtime (Claude Code's or Codex's terminal UI) instead, set up as
+//! `voidbox apply` sets up an agent box ([`agent`]): the runtimes disk, the credential
+//! gateway (the key stays on the host), the kit and the runtime's configuration, the spec's
+//! prompt as the first message, `/workspace` as the working directory (`--workdir`
+//! overrides it). `--program`/`--arg` are refused with an agent (exit 2): the terminal
+//! runs the runtime. `--env` and the spec's variables reach the runtime except those it
+//! sets itself. At the end the gateway's counters are printed to stderr.
+//!
 //! Exit codes (as `voidbox run`): the program's own code (a signal `n` → 128+n, the
 //! session's timeout → 124, refused by the guest policy → 126, not startable → 127); 2
-//! usage (bad flag, unusable spec); 3 environment (no KVM, no guest image); 125 the VM
-//! failed; 128+n when this process got SIGINT/SIGTERM/SIGHUP `n` (the session is hung up).
+//! usage (bad flag, unusable spec, an agent on the mock runtime or with `--program`); 3
+//! environment (no KVM, no guest image, an agent's provider or key missing, the runtimes
+//! disk or gateway unavailable); 125 the VM failed; 128+n when this process got
+//! SIGINT/SIGTERM/SIGHUP `n` (the session is hung up).
 
+pub mod agent;
 pub mod session;
 pub mod terminal;
 
@@ -27,6 +38,7 @@ use crate::limits::Timeout;
 use crate::mount_flag::{self as mounts, HostMount};
 use crate::plan::{Action, Plan, PlanNode};
 use crate::run::{guest_image, parse_env, start_vm};
+use crate::sandbox::disks::ImageDisk;
 use crate::sandbox::{check_kvm, GuestImage, SandboxConfig, SandboxError};
 use crate::spec::model::{AgentMode, SandboxMode};
 
@@ -40,10 +52,11 @@ pub struct ShellArgs {
     /// sandbox settings the VM gets; without it, `voidbox run`'s defaults.
     #[arg(value_name = "SPEC")]
     pub spec: Option<PathBuf>,
-    /// The program on the terminal: a bare name or an absolute guest path.
-    #[arg(long, value_name = "PROGRAM", default_value = DEFAULT_PROGRAM)]
-    pub program: String,
-    /// Argument for the program (repeatable).
+    /// The program on the terminal: a bare name or an absolute guest path (default
+    /// `/bin/sh`; refused with an agent spec, whose terminal runs the agent's runtime).
+    #[arg(long, value_name = "PROGRAM")]
+    pub program: Option<String>,
+    /// Argument for the program (repeatable; refused with an agent spec).
     #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
     pub args: Vec<String>,
     /// Guest memory in MiB (default: the spec's, else 256).
@@ -86,11 +99,62 @@ pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(args, setup, plan.as_ref()) {
+    let mut plan = plan;
+    let agent = match &plan {
+        Some(p) => agent::Agent::of(
+            p,
+            setup.node.as_ref(),
+            args.program.is_some() || !args.args.is_empty(),
+            &|k| std::env::var(k).ok(),
+        ),
+        None => Ok(None),
+    };
+    let agent = match agent {
+        Ok(a) => a,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            return ExitCode::from(f.code);
+        }
+    };
+    if let (Some(_), Some(p)) = (&agent, plan.as_mut()) {
+        // The kit's `remote:` skills, fetched into the cache (exit 3 when one cannot be).
+        if let Err(code) = crate::apply::fetch_remotes(p, None) {
+            return ExitCode::from(code);
+        }
+    }
+    match run(args, setup, plan.as_ref(), agent) {
         Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Why `voidbox shell` stopped outside a session, with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// What went wrong (and how to proceed).
+    pub message: String,
+}
+
+impl Failure {
+    /// A usage error (exit 2).
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 2,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<SandboxError> for Failure {
+    fn from(e: SandboxError) -> Failure {
+        Failure {
+            code: e.exit_code(),
+            message: e.to_string(),
         }
     }
 }
@@ -196,13 +260,22 @@ struct Program {
     workdir: Option<String>,
 }
 
+/// What an agent's session adds to the VM: the runtimes disk and the gateway's port.
+struct AgentVm {
+    disk: ImageDisk,
+    gateway_port: u16,
+}
+
 /// The VM's settings: the defaults of `voidbox run`, else the spec's node as `apply` would
-/// prepare it (image, boot override, disks, image environment), then the flags.
+/// prepare it (image, boot override, disks, image environment), then the flags; `program`
+/// is what the terminal runs (the guest policy allows it), `agent` what an agent adds.
 fn vm_config(
     args: &ShellArgs,
     setup: &Setup,
     plan: Option<&Plan>,
     base: GuestImage,
+    program: &str,
+    agent: Option<AgentVm>,
 ) -> Result<(SandboxConfig, Program), SandboxError> {
     let mut cfg = SandboxConfig::new(base.clone());
     let mut p = Program {
@@ -233,18 +306,23 @@ fn vm_config(
         cfg.vcpus = u8::try_from(node.sandbox.vcpus).unwrap_or(u8::MAX);
     }
     p.env.extend(setup.env.iter().cloned());
+    let gateway_port = agent.as_ref().map(|a| a.gateway_port);
+    if let Some(a) = agent {
+        // The real runtimes come on their own read-only disk, as in `apply`.
+        cfg.disks.images.push(a.disk);
+        cfg.disks.check().map_err(SandboxError::Environment)?;
+    }
     cfg.memory_mb = args.memory_mb.unwrap_or(cfg.memory_mb);
     cfg.vcpus = args.vcpus.unwrap_or(cfg.vcpus);
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
-    cfg.network = setup
-        .network
-        .clone()
+    cfg.network = crate::gateway::guest_network(setup.network.clone(), gateway_port)
         .map(|p| crate::network::nat_config(p, &setup.dns_upstreams));
     cfg.wall_limit = Some(cfg.boot_timeout + Duration::from_secs(setup.timeout.secs + 60));
-    let mut policy = crate::apply::policy::run_policy(&args.program, Some(setup.timeout.secs));
+    let mut policy = crate::apply::policy::run_policy(program, Some(setup.timeout.secs));
     if let (Some(node), Some(list)) = (&setup.node, policy.allowlist.as_mut()) {
         policy.rlimits = node.sandbox.limits.or_default();
-        for p in crate::apply::policy::allowlist(node, None) {
+        // An agent's runtime is its own program; a sandbox has none.
+        for p in crate::apply::policy::allowlist(node, Some(program)) {
             if !list.contains(&p) {
                 list.push(p);
             }
@@ -255,14 +333,56 @@ fn vm_config(
     Ok((cfg, p))
 }
 
-fn run(args: &ShellArgs, setup: Setup, plan: Option<&Plan>) -> Result<u8, SandboxError> {
+fn run(
+    args: &ShellArgs,
+    setup: Setup,
+    plan: Option<&Plan>,
+    agent: Option<agent::Agent>,
+) -> Result<u8, Failure> {
     check_kvm()?;
-    let (cfg, program) = vm_config(args, &setup, plan, guest_image()?)?;
+    let base = guest_image()?;
+    // An agent's host side first: runtimes disk, gateway, kit (nothing in a VM yet).
+    let session = match (&agent, plan, &setup.node) {
+        (Some(a), Some(plan), Some(node)) => {
+            let workdir = args
+                .workdir
+                .as_deref()
+                .unwrap_or(crate::apply::runtime::WORKDIR);
+            Some(a.prepare(plan, node, workdir)?)
+        }
+        _ => None,
+    };
+    let program = match &session {
+        Some(s) => s.launch.request.program.clone(),
+        None => args
+            .program
+            .clone()
+            .unwrap_or_else(|| DEFAULT_PROGRAM.to_string()),
+    };
+    let extra = session.as_ref().map(|s| AgentVm {
+        disk: s.disk.clone(),
+        gateway_port: s.gateway.port(),
+    });
+    let (cfg, vm_program) = vm_config(args, &setup, plan, base, &program, extra)?;
     let named = setup
         .node
         .as_ref()
         .and_then(|n| n.sandbox.snapshot.as_deref());
     let mut sb = start_vm(&cfg, !args.no_snapshot, named)?;
+    let (prog_args, env, workdir) = match &session {
+        Some(s) => {
+            // The runtime's configuration and the kit, in place before it starts.
+            for f in &s.files {
+                if let Err(e) = sb.write_file(&f.path, &f.data, Some(f.mode)) {
+                    sb.kill();
+                    return Err(Failure::from(e));
+                }
+            }
+            let req = s.request(vm_program.env);
+            (req.args, req.env, req.workdir)
+        }
+        None => (args.args.clone(), vm_program.env, vm_program.workdir),
+    };
     let signals =
         session::Signals::register().map_err(SandboxError::io("registering signal handlers"))?;
     let tty = terminal::stdin_is_tty();
@@ -272,10 +392,10 @@ fn run(args: &ShellArgs, setup: Setup, plan: Option<&Plan>) -> Result<u8, Sandbo
         terminal::DEFAULT_SIZE
     };
     let open = PtyOpen {
-        program: args.program.clone(),
-        args: args.args.clone(),
-        env: program.env,
-        workdir: program.workdir,
+        program: program.clone(),
+        args: prog_args,
+        env,
+        workdir,
         rows,
         cols,
         timeout_secs: Some(setup.timeout.secs),
@@ -292,16 +412,22 @@ fn run(args: &ShellArgs, setup: Setup, plan: Option<&Plan>) -> Result<u8, Sandbo
             );
             128u8.saturating_add(sig as u8)
         }
-        (Ok(r), None) => crate::run::exit_code_of(&args.program, &r, setup.timeout),
+        (Ok(r), None) => crate::run::exit_code_of(&program, &r, setup.timeout),
         (Err(SandboxError::Guest { code, message, .. }), None) => {
             let (why, exit) = match code {
                 ErrorCode::NotAllowed => ("refused by the guest policy", 126),
                 _ => ("cannot start it", 127),
             };
-            eprintln!("voidbox: {}: {why}: {message}", args.program);
+            eprintln!("voidbox: {program}: {why}: {message}");
             exit
         }
-        (Err(e), None) => return Err(e),
+        (Err(e), None) => {
+            sb.kill();
+            if let Some(s) = session {
+                s.finish();
+            }
+            return Err(e.into());
+        }
     };
     let end = sb.kill();
     let denied = crate::network::denial_total(&end.net_denials);
@@ -310,6 +436,9 @@ fn run(args: &ShellArgs, setup: Setup, plan: Option<&Plan>) -> Result<u8, Sandbo
         for l in crate::network::denial_lines(&end.net_denials, 10) {
             eprintln!("voidbox:   {l}");
         }
+    }
+    if let Some(s) = session {
+        s.finish();
     }
     Ok(code)
 }

@@ -21,7 +21,7 @@ fn args(argv: &[&str]) -> ShellArgs {
 #[test]
 fn flags_parse_with_defaults() {
     let a = args(&[]);
-    assert_eq!(a.program, DEFAULT_PROGRAM);
+    assert_eq!(a.program, None);
     assert_eq!((a.spec, a.memory_mb, a.vcpus), (None, None, None));
     let a = args(&[
         "box.yaml",
@@ -42,8 +42,8 @@ fn flags_parse_with_defaults() {
     ]);
     assert_eq!(a.spec.as_deref(), Some(std::path::Path::new("box.yaml")));
     assert_eq!(
-        (a.program.as_str(), a.args.as_slice()),
-        ("/usr/bin/env", &["-i".to_string()][..])
+        (a.program.as_deref(), a.args.as_slice()),
+        (Some("/usr/bin/env"), &["-i".to_string()][..])
     );
     assert_eq!((a.memory_mb, a.vcpus), (Some(128), Some(2)));
     assert_eq!(a.mounts, [".:/w:rw"]);
@@ -185,4 +185,176 @@ fn mounts_become_shares_and_missing_rw_dirs_are_created() {
     let guests: Vec<_> = s.mounts.iter().map(|m| m.guest.as_str()).collect();
     assert_eq!(guests, ["/workspace/s", "/workspace/w"]);
     assert!(s.mounts[0].read_only);
+}
+
+const AGENT: &str = r#"
+api_version: v1
+kind: agent
+name: helper
+sandbox:
+  memory_mb: 2048
+  env: {EDITOR: vi}
+llm: {provider: claude, base_url: 'http://127.0.0.1:9/', api_key_env: VBX_SHELL_KEY, model: m1}
+agent:
+  prompt: Say hi
+  mode: interactive
+"#;
+
+fn agent_of(
+    spec: &str,
+    program_flags: bool,
+    key: Option<&str>,
+) -> Result<Option<agent::Agent>, Failure> {
+    let plan = compile_for_test(spec);
+    let node = interactive_node(&plan).unwrap();
+    let key = key.map(String::from);
+    agent::Agent::of(&plan, Some(&node), program_flags, &move |k| {
+        (k == "VBX_SHELL_KEY").then(|| key.clone()).flatten()
+    })
+}
+
+#[test]
+fn an_interactive_agent_resolves_its_endpoint_before_anything_starts() {
+    let a = agent_of(AGENT, false, Some("sk-test-0123456789abcdef"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.endpoint.runtime, crate::providers::Runtime::ClaudeCode);
+    assert_eq!(a.endpoint.model.as_deref(), Some("m1"));
+    assert_eq!(a.action.prompt, "Say hi");
+    // A missing key is an environment failure (exit 3), naming the variable.
+    let f = agent_of(AGENT, false, None).unwrap_err();
+    assert_eq!(f.code, 3, "{}", f.message);
+    assert!(f.message.contains("VBX_SHELL_KEY"), "{}", f.message);
+    // `--program`/`--arg` with an agent are ambiguous: usage errors.
+    let f = agent_of(AGENT, true, Some("sk-test-0123456789abcdef")).unwrap_err();
+    assert_eq!(f.code, 2);
+    assert!(f.message.contains("--program"), "{}", f.message);
+    // The mock runtime has no interactive mode: a usage error, even without a key.
+    let mock = AGENT.replace(
+        "llm: {provider: claude, base_url: 'http://127.0.0.1:9/', api_key_env: VBX_SHELL_KEY, model: m1}",
+        "llm: {provider: mock}",
+    );
+    let f = agent_of(&mock, false, None).unwrap_err();
+    assert_eq!(f.code, 2);
+    assert!(f.message.contains("no interactive mode"), "{}", f.message);
+    // A sandbox is not an agent.
+    assert!(agent_of(SANDBOX, true, None).unwrap().is_none());
+}
+
+#[test]
+fn the_runtimes_variables_win_and_the_gateway_summary_reads_well() {
+    let env = agent::merge_env(
+        vec![
+            ("HOME".into(), "/home/sandbox".into()),
+            ("ANTHROPIC_API_KEY".into(), "vbx-t".into()),
+        ],
+        vec![
+            ("EDITOR".into(), "vi".into()),
+            ("ANTHROPIC_API_KEY".into(), "from-flags".into()),
+            ("HOME".into(), "/root".into()),
+        ],
+    );
+    assert_eq!(
+        env,
+        [
+            ("HOME".to_string(), "/home/sandbox".to_string()),
+            ("ANTHROPIC_API_KEY".into(), "vbx-t".into()),
+            ("EDITOR".into(), "vi".into())
+        ]
+    );
+    let s = crate::gateway::GatewayStats {
+        requests: 1,
+        input_tokens: 20,
+        output_tokens: 5,
+        ..Default::default()
+    };
+    assert_eq!(
+        agent::summary(&s),
+        "gateway: 1 request, 20 input tokens (0 cached), 5 output tokens"
+    );
+    let s = crate::gateway::GatewayStats {
+        requests: 3,
+        refused: 2,
+        upstream_errors: 1,
+        input_tokens: 1,
+        cached_tokens: 1,
+        output_tokens: 1,
+    };
+    assert_eq!(
+        agent::summary(&s),
+        "gateway: 3 requests, 1 input token (1 cached), 1 output token, 2 refused, 1 upstream error"
+    );
+}
+
+#[test]
+fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
+    let base = GuestImage {
+        hash: "h".into(),
+        vmlinux: "k".into(),
+        system_disk: "d".into(),
+        system_disk_sha256: "s".into(),
+        agent: "a".into(),
+        initramfs: None,
+        profile: crate::image::Profile::Compat,
+        cmdline: String::new(),
+    };
+    let disk = ImageDisk {
+        path: "/cache/runtimes.erofs".into(),
+        digest: "sha256:ab".into(),
+        role: crate::sandbox::disks::DiskRole::Skill {
+            mount: crate::runtimes::GUEST_MOUNT.into(),
+            writable: false,
+        },
+    };
+    let vm = |spec: &str| {
+        let plan = compile_for_test(spec);
+        let a = args(&["-e", "A=1"]);
+        let setup = Setup::new(&a, Some(&plan)).unwrap();
+        let agent = AgentVm {
+            disk: disk.clone(),
+            gateway_port: 4321,
+        };
+        vm_config(
+            &a,
+            &setup,
+            Some(&plan),
+            base.clone(),
+            crate::runtimes::CLAUDE_BIN,
+            Some(agent),
+        )
+        .unwrap()
+    };
+    let (cfg, program) = vm(AGENT);
+    assert_eq!(cfg.disks.images, std::slice::from_ref(&disk));
+    assert_eq!(cfg.memory_mb, 2048);
+    // No `network` in the spec: the NAT reaches the gateway and nothing else.
+    let net = cfg.network.as_ref().unwrap();
+    assert_eq!(net.policy.allow_host_ports, [4321]);
+    assert!(!net.policy.public_egress);
+    // The guest may start the runtime (and nothing else the spec did not allow).
+    let policy = cfg.policy.as_ref().unwrap();
+    assert_eq!(
+        policy.allowlist.as_deref(),
+        Some(&[crate::runtimes::CLAUDE_BIN.to_string()][..])
+    );
+    assert!(policy.validate().is_ok());
+    assert_eq!(
+        program.env,
+        [
+            ("EDITOR".to_string(), "vi".to_string()),
+            ("A".into(), "1".into())
+        ]
+    );
+    // A spec with network keeps it, plus the gateway's port.
+    let (cfg, _) = vm(&AGENT.replace(
+        "env: {EDITOR: vi}",
+        "env: {EDITOR: vi}\n  network: true\n  allowed_commands: [git]",
+    ));
+    let net = cfg.network.as_ref().unwrap();
+    assert_eq!(net.policy.allow_host_ports, [4321]);
+    assert!(net.policy.public_egress);
+    assert_eq!(
+        cfg.policy.unwrap().allowlist.unwrap(),
+        [crate::runtimes::CLAUDE_BIN.to_string(), "git".into()]
+    );
 }
