@@ -136,6 +136,7 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
             runtime_dir: None,
             spec_dir: ".".into(),
             remotes: Default::default(),
+            guest_telemetry: false,
             kill_children_on_abort: false,
             snapshots: voidbox::snapshot::Snapshots::new(
                 true,

@@ -138,6 +138,7 @@ fn part2() {
         runtime_dir: None,
         spec_dir: ".".into(),
         remotes: Default::default(),
+        guest_telemetry: false,
         kill_children_on_abort: false,
         snapshots: voidbox::snapshot::Snapshots::new(
             false,

@@ -129,6 +129,9 @@ pub struct ApplyArgs {
     /// `sandbox.snapshot`).
     #[arg(long)]
     pub no_snapshot: bool,
+    /// Write the run's trace to FILE as OTLP JSON (with or without an OTLP collector).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 /// The limits `voidbox apply --help` documents after the options.
@@ -432,6 +435,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         logs_dir: args.logs_dir.clone(),
         snapshots: !args.no_snapshot,
         spec,
+        trace_file: args.trace.clone(),
         ..crate::apply::ApplyOptions::default()
     };
     ExitCode::from(crate::apply::apply(plan, &opts))
@@ -480,6 +484,12 @@ fn dry_run(
         return refusals::EXIT_REFUSED;
     }
     if let Err(e) = crate::apply::dns_upstreams(plan) {
+        eprintln!("error: {e}");
+        return 2;
+    }
+    if let Err(e) =
+        crate::observe::config::resolve(plan.observe.as_ref(), &|k| std::env::var(k).ok(), None)
+    {
         eprintln!("error: {e}");
         return 2;
     }

@@ -44,6 +44,7 @@ pub mod limits;
 pub mod mount_flag;
 pub mod names;
 pub mod network;
+pub mod observe;
 pub mod oci;
 pub mod plan;
 pub mod providers;

@@ -21,7 +21,18 @@ pub(super) fn event(v: &Value, out: &mut AgentOutcome) {
             let content = v.pointer("/message/content").and_then(Value::as_array);
             for c in content.into_iter().flatten() {
                 if text(c, "/type") == Some("tool_use") {
-                    push_capped(&mut out.tool_calls, text(c, "/name").unwrap_or("?"));
+                    let name = text(c, "/name").unwrap_or("?");
+                    push_capped(&mut out.tool_calls, name);
+                    out.tool_started(name, text(c, "/id"));
+                }
+            }
+        }
+        Some("user") => {
+            let content = v.pointer("/message/content").and_then(Value::as_array);
+            for c in content.into_iter().flatten() {
+                if text(c, "/type") == Some("tool_result") {
+                    let is_error = c.get("is_error").and_then(Value::as_bool) == Some(true);
+                    out.tool_ended(text(c, "/tool_use_id"), is_error);
                 }
             }
         }

@@ -84,12 +84,32 @@ fn item(item: &Value, completed: bool, st: &mut State, out: &mut AgentOutcome) {
         Some(t @ ("file_change" | "web_search")) => t.to_string(),
         _ => return,
     };
+    let id = text(item, "/id");
+    if completed {
+        // A completed item that never started (or has no id) starts and ends now.
+        let open = out
+            .tool_timings
+            .iter()
+            .any(|t| t.ended.is_none() && t.id.as_deref() == id.map(|i| cap(i, 200)).as_deref());
+        if !open || id.is_none() {
+            out.tool_started(&tool, id);
+        }
+        let failed = text(item, "/status") == Some("failed")
+            || item
+                .get("exit_code")
+                .and_then(Value::as_i64)
+                .is_some_and(|c| c != 0);
+        out.tool_ended(id, failed);
+    }
     // Counted once: at first sight of its id, or when completed if it has none.
-    match text(item, "/id") {
+    match id {
         Some(id) if st.counted.len() >= MAX_LIST || !st.counted.insert(cap(id, 200)) => return,
         Some(_) => {}
         None if !completed => return,
         None => {}
+    }
+    if !completed {
+        out.tool_started(&tool, id);
     }
     push_capped(&mut out.tool_calls, &tool);
 }

@@ -63,6 +63,9 @@ pub struct AgentOutcome {
     /// `mcp__SERVER__TOOL`); Codex: `shell` for a command, `mcp__SERVER__TOOL`,
     /// `file_change`, `web_search`.
     pub tool_calls: Vec<String>,
+    /// When each tool call started and ended, as seen on the host while the stream arrived
+    /// (capped like `tool_calls`; for traces).
+    pub tool_timings: Vec<ToolTiming>,
     /// The tools the runtime offered the model at start (Claude's init; Codex reports none).
     pub tools: Vec<String>,
     /// The skills the runtime reported at start (Claude's init; Codex reports none).
@@ -85,7 +88,51 @@ pub struct AgentOutcome {
     pub max_result: u64,
 }
 
+/// One tool call's timing: from its call (Claude's `tool_use`, Codex's `item.started`) to its
+/// result (`tool_result`, `item.completed`), stamped when the host read each line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolTiming {
+    /// The tool's name, as in [`AgentOutcome::tool_calls`].
+    pub name: String,
+    /// The runtime's id of the call (capped), when it gave one.
+    pub id: Option<String>,
+    /// When the call was seen.
+    pub started: std::time::SystemTime,
+    /// When its result was seen (`None`: never).
+    pub ended: Option<std::time::SystemTime>,
+    /// The result was an error (`tool_result.is_error`, a failed Codex item).
+    pub is_error: bool,
+}
+
 impl AgentOutcome {
+    /// Records the start of a tool call.
+    fn tool_started(&mut self, name: &str, id: Option<&str>) {
+        if self.tool_timings.len() < MAX_LIST {
+            self.tool_timings.push(ToolTiming {
+                name: cap(name, MAX_NAME),
+                id: id.map(|i| cap(i, MAX_NAME)),
+                started: std::time::SystemTime::now(),
+                ended: None,
+                is_error: false,
+            });
+        }
+    }
+
+    /// Records the end of the open tool call with `id` (the last open one without an id
+    /// when `id` is `None`); a result for no known call is ignored.
+    fn tool_ended(&mut self, id: Option<&str>, is_error: bool) {
+        let id = id.map(|i| cap(i, MAX_NAME));
+        let open = self
+            .tool_timings
+            .iter_mut()
+            .rev()
+            .find(|t| t.ended.is_none() && t.id == id);
+        if let Some(t) = open {
+            t.ended = Some(std::time::SystemTime::now());
+            t.is_error = is_error;
+        }
+    }
+
     /// Why the node fails, if it does: the runtime's error, a missing final event, or a
     /// result over the output cap.
     pub fn failure(&self) -> Option<String> {

@@ -59,6 +59,7 @@ pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
         },
         num_turns: outcome.turns,
         tool_calls: outcome.tool_calls.clone(),
+        tool_timings: outcome.tool_timings.clone(),
         skills: outcome.skills.clone(),
         mcp_servers: outcome.mcp_servers.clone(),
         warnings: outcome.warnings.clone(),

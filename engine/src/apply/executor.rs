@@ -2,7 +2,7 @@
 //! runs the command or agent runtime, collects the output and kills the VM.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
@@ -10,7 +10,7 @@ use super::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
 use super::cancel::{kill_vmm_children, NodeControl, StopReason};
 use super::data::{over_cap, CappedBuf, Tail};
 use super::runtime::{launch, GatewayAccess};
-use super::scheduler::{Attempt, Executor, Job, Status};
+use super::scheduler::{Attempt, Executor, GuestUsage, Job, Status};
 use crate::agent_output::{Format, OutputParser};
 use crate::gateway::Gateway;
 use crate::plan::Action;
@@ -53,6 +53,8 @@ pub struct VmExecutor {
     pub endpoints: std::collections::HashMap<String, Endpoint>,
     /// The plan's fetched `remote:` skills ([`crate::kit::fetch_remotes`]).
     pub remotes: crate::kit::Remotes,
+    /// Ask the guest for its telemetry just before and after the command (for metrics).
+    pub guest_telemetry: bool,
 }
 
 /// What an attempt runs, prepared on the host before its VM starts.
@@ -175,6 +177,7 @@ impl VmExecutor {
             }
         };
         let boot_t0 = Instant::now();
+        let boot_wall = SystemTime::now();
         let named = job.node.sandbox.snapshot.as_deref();
         let cancelled = || ctl.stopped().is_some();
         let mut cfg = self.config(
@@ -190,7 +193,12 @@ impl VmExecutor {
             Err(e) => return sandbox_failure(e),
         };
         let boot = boot_t0.elapsed();
+        let booted_wall = SystemTime::now();
         let restored = sb.timings().restore.is_some();
+        let snapshot = sb
+            .restored_from()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned());
         if !ctl.register_pid(sb.vmm_pid()) {
             drop(sb);
             return Attempt::failed(Status::Cancelled, "cancelled");
@@ -203,6 +211,8 @@ impl VmExecutor {
         a.kit = kit;
         a.boot = Some(boot);
         a.restored = Some(restored);
+        a.phases.vm_start = Some((boot_wall, booted_wall));
+        a.phases.snapshot = snapshot;
         a
     }
 
@@ -297,6 +307,7 @@ impl VmExecutor {
             output_file,
             agent,
         } = p;
+        let provision_t0 = SystemTime::now();
         if let Some(input) = &job.input.file {
             if let Err(e) = sb.write_file(INPUT_FILE, input, Some(0o644)) {
                 return stopped_or(ctl, sandbox_failure(e));
@@ -315,7 +326,10 @@ impl VmExecutor {
         let mut stream = agent
             .as_ref()
             .map(|(format, _)| OutputParser::new(*format, job.max_output));
+        // Telemetry is best effort: a guest that cannot answer just has no usage recorded.
+        let before = self.guest_telemetry.then(|| sb.telemetry().ok()).flatten();
         ctl.arm_deadline(Duration::from_secs(job.node.timeout().secs) + HOST_DEADLINE_GRACE);
+        let exec_wall = SystemTime::now();
         let t0 = Instant::now();
         let res = sb.exec(req, &mut |s, data| match s {
             OutputStream::Stdout => {
@@ -327,6 +341,14 @@ impl VmExecutor {
             OutputStream::Stderr => stderr.push(data),
         });
         let exec = t0.elapsed();
+        let exec_end = SystemTime::now();
+        let guest = match (&before, &res) {
+            (Some(b), Ok(_)) => sb
+                .telemetry()
+                .ok()
+                .map(|after| GuestUsage::between(b, &after)),
+            _ => None,
+        };
         let mut a = match res {
             Ok(r) => {
                 let outcome = stream.map(OutputParser::finish);
@@ -354,6 +376,10 @@ impl VmExecutor {
         };
         a.exec = Some(exec);
         a.stderr_tail = stderr.text();
+        a.guest = guest;
+        a.phases.provision = Some((provision_t0, exec_wall));
+        a.phases.exec = Some((exec_wall, exec_end));
+        a.phases.collect = Some((exec_end, SystemTime::now()));
         stopped_or(ctl, a)
     }
 

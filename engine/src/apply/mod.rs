@@ -74,6 +74,8 @@ pub struct ApplyOptions {
     /// The spec's text, for refusing (with field and line) what `apply` cannot carry out.
     /// Without it only the LLM providers are checked.
     pub spec: Option<Arc<refusals::SpecSource>>,
+    /// `--trace FILE`: the run's spans as OTLP JSON.
+    pub trace_file: Option<PathBuf>,
 }
 
 impl Default for ApplyOptions {
@@ -89,6 +91,7 @@ impl Default for ApplyOptions {
             retry_base: Duration::from_secs(1),
             snapshots: true,
             spec: None,
+            trace_file: None,
         }
     }
 }
@@ -184,6 +187,18 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return refusals::EXIT_REFUSED;
         }
     }
+    // Where telemetry goes is settled (and a bad endpoint refused) before anything starts.
+    let observe = match crate::observe::config::resolve(
+        plan.observe.as_ref(),
+        &|k| std::env::var(k).ok(),
+        opts.trace_file.clone(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     // Every agent's provider, key or login is checked before anything starts.
     let endpoints = match runtime::endpoints(&plan, &|k| std::env::var(k).ok()) {
         Ok(e) => e,
@@ -228,6 +243,63 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         }
         None => u64::MAX,
     };
+    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
+        Arc::new(Bars::new())
+    } else {
+        Arc::new(Plain)
+    };
+    // The run's span opens here, so preparation (images, runtimes) is part of the trace.
+    let observer = match crate::observe::Observer::start(observe, &plan, progress.clone()) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+    };
+    let progress: Arc<dyn Progress> = match &observer {
+        Some(o) => o.clone(),
+        None => progress,
+    };
+    let mut code = apply_prepared(
+        plan,
+        opts,
+        endpoints,
+        dns_upstreams,
+        budget,
+        progress,
+        observer.as_deref(),
+    );
+    if let Some(o) = observer {
+        o.end_early(code);
+        let flushed = o.shutdown();
+        if let Some(e) = &flushed.trace_file_error {
+            eprintln!("error: --trace: {e}");
+            if code == 0 {
+                code = 2;
+            }
+        }
+        if flushed.timed_out {
+            eprintln!(
+                "voidbox: warning: the telemetry not sent within {}s of the run's end was dropped",
+                crate::observe::config::FLUSH_BUDGET.as_secs()
+            );
+            // A provider whose export is stuck would block its drop (it joins its thread).
+            std::mem::forget(o);
+        }
+    }
+    code
+}
+
+/// Everything from the guest image on.
+fn apply_prepared(
+    plan: Plan,
+    opts: &ApplyOptions,
+    endpoints: std::collections::HashMap<String, crate::providers::Endpoint>,
+    dns_upstreams: Vec<std::net::SocketAddr>,
+    budget: u64,
+    progress: Arc<dyn Progress>,
+    observer: Option<&crate::observe::Observer>,
+) -> u8 {
     let image = match GuestImage::ensure(ProgressMode::Auto) {
         Ok(i) => i,
         Err(e) => {
@@ -293,11 +365,6 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return 3;
         }
     };
-    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
-        Arc::new(Bars::new())
-    } else {
-        Arc::new(Plain)
-    };
     let notice_to = progress.clone();
     let snapshots = match crate::snapshot::Snapshots::new(
         opts.snapshots,
@@ -333,6 +400,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         snapshots,
         dns_upstreams,
         endpoints,
+        guest_telemetry: observer.is_some_and(|o| o.wants_guest_telemetry()),
     });
     let sched = SchedOptions {
         max_parallel: opts
@@ -346,6 +414,9 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         run_input: opts.input.clone(),
     };
     let plan = Arc::new(plan);
+    if let Some(o) = observer {
+        o.scheduling();
+    }
     let result = match run_with_signals(plan.clone(), exec, sched, progress.clone()) {
         Ok(r) => r,
         Err(e) => {
@@ -355,7 +426,11 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
     };
     progress.finish();
     drop(runtime_dir);
-    finish(&plan, &result, opts)
+    let code = finish(&plan, &result, opts);
+    if let Some(o) = observer {
+        o.end_run(&plan, &result, code);
+    }
+    code
 }
 
 /// The refusals that depend on the guest image the nodes boot: `cli:` skills whose program

@@ -10,13 +10,23 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use petgraph::graph::NodeIndex;
 
 use super::report::secs;
-use super::scheduler::{Event, NodeRecord, Status};
+use super::scheduler::{Attempt, Event, NodeRecord, Status};
 use crate::plan::Plan;
 
 /// Receives scheduler events.
 pub trait Progress: Send + Sync {
     /// One event; `record` is set for `Finished`.
     fn event(&self, plan: &Plan, ev: &Event, record: Option<&NodeRecord>);
+    /// An attempt of `node` that started at `started` ended with `a` (before any retry).
+    fn attempt_ended(
+        &self,
+        _plan: &Plan,
+        _node: NodeIndex,
+        _attempt: u32,
+        _started: std::time::SystemTime,
+        _a: &Attempt,
+    ) {
+    }
     /// The run is over (clear bars).
     fn finish(&self) {}
     /// A one-line notice (snapshot created, cold-boot fallback) on stderr.

@@ -255,17 +255,19 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
         .map(|n| n.name.clone())
         .unwrap_or_default();
     if let Some((k, v)) = root.entry("observe") {
-        let on = |key: &str| matches!(v.get(key).map(|n| &n.kind), Some(NodeKind::Bool(true)));
-        if on("traces") || on("metrics") || on("logs") || v.get("otlp_endpoint").is_some() {
-            c.add(
-                whole.at(
-                    "observe".into(),
-                    k.span,
-                    "`observe` (traces, metrics, logs, OTLP export) is not provided yet".into(),
-                    REMOVE_HELP,
-                ),
-                &first,
-            );
+        let _ = k;
+        if let Some(logs) = v.entry("logs") {
+            if matches!(logs.1.kind, NodeKind::Bool(true)) {
+                c.add(
+                    whole.at(
+                        "observe.logs".into(),
+                        logs.0.span,
+                        "OTLP log export is not provided (traces and metrics are)".into(),
+                        "remove `logs: true`; the run's events are in the trace's spans and the JSON report",
+                    ),
+                    &first,
+                );
+            }
         }
     }
     for n in plan.graph.node_weights() {

@@ -5,7 +5,7 @@
 //! order in which nodes finish.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
@@ -83,6 +83,9 @@ pub struct AgentStats {
     pub num_turns: u64,
     /// Tool names in call order (capped).
     pub tool_calls: Vec<String>,
+    /// When each tool call ran (for traces; not in the report).
+    #[serde(skip)]
+    pub tool_timings: Vec<crate::agent_output::ToolTiming>,
     /// Skills the runtime listed at start (Claude Code; Codex does not report them).
     pub skills: Vec<String>,
     /// MCP servers the runtime listed at start, as `name:status`.
@@ -130,6 +133,54 @@ pub struct Attempt {
     pub kit: Option<crate::kit::KitSummary>,
     /// What the node's credential gateway forwarded (real agent runtimes only).
     pub gateway: Option<crate::gateway::GatewayStats>,
+    /// When the attempt's phases ran (for traces).
+    pub phases: Phases,
+    /// What the guest's telemetry said the command used.
+    pub guest: Option<GuestUsage>,
+}
+
+/// When an attempt's phases ran, in wall-clock time (each `(start, end)`).
+#[derive(Debug, Clone, Default)]
+pub struct Phases {
+    /// The VM's start: restore from a snapshot or cold boot.
+    pub vm_start: Option<(SystemTime, SystemTime)>,
+    /// Input, kit and artifact files written into the guest.
+    pub provision: Option<(SystemTime, SystemTime)>,
+    /// The command (or agent runtime) ran.
+    pub exec: Option<(SystemTime, SystemTime)>,
+    /// Output and artifacts read back.
+    pub collect: Option<(SystemTime, SystemTime)>,
+    /// The snapshot the VM was restored from (its directory's name), if it was.
+    pub snapshot: Option<String>,
+}
+
+/// The guest's resource use around the command, from two telemetry snapshots (just
+/// before and just after it ran).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestUsage {
+    /// CPU time in user mode while the command ran, all vCPUs, milliseconds.
+    pub cpu_user_ms: u64,
+    /// CPU time in kernel mode while the command ran, milliseconds.
+    pub cpu_system_ms: u64,
+    /// Memory in use (total − available) when the command ended, KiB.
+    pub mem_used_kb: u64,
+    /// The guest's memory, KiB.
+    pub mem_total_kb: u64,
+}
+
+impl GuestUsage {
+    /// The usage between two snapshots (counters that went backwards count as zero).
+    pub fn between(
+        before: &voidbox_protocol::Telemetry,
+        after: &voidbox_protocol::Telemetry,
+    ) -> GuestUsage {
+        GuestUsage {
+            cpu_user_ms: after.cpu_user_ms.saturating_sub(before.cpu_user_ms),
+            cpu_system_ms: after.cpu_system_ms.saturating_sub(before.cpu_system_ms),
+            mem_used_kb: after.mem_total_kb.saturating_sub(after.mem_available_kb),
+            mem_total_kb: after.mem_total_kb,
+        }
+    }
 }
 
 impl Attempt {
@@ -152,6 +203,8 @@ impl Attempt {
             net_denials: Vec::new(),
             kit: None,
             gateway: None,
+            phases: Phases::default(),
+            guest: None,
         }
     }
 
@@ -241,6 +294,9 @@ pub struct NodeRecord {
     pub started: Option<Duration>,
     /// First start to last end.
     pub duration: Option<Duration>,
+    /// From the moment its inputs were ready to its first start (waiting for a slot or
+    /// memory).
+    pub queue_wait: Option<Duration>,
     /// The last attempt.
     pub last: Option<Attempt>,
 }
@@ -313,6 +369,7 @@ pub async fn run_plan(
     let mut state = vec![State::Pending; n];
     let mut records: Vec<Option<NodeRecord>> = vec![None; n];
     let mut outputs: Vec<Option<Vec<u8>>> = vec![None; n];
+    let mut ready_at: Vec<Option<Instant>> = vec![None; n];
     let controls: Arc<Mutex<Vec<Option<NodeControl>>>> = Arc::new(Mutex::new(vec![None; n]));
     let (abort_tx, abort_rx) = watch::channel(None::<Abort>);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
@@ -358,11 +415,13 @@ pub async fn run_plan(
                     attempts: 0,
                     started: None,
                     duration: None,
+                    queue_wait: None,
                     last: None,
                 });
                 progress.event(&plan, &Event::Finished { node: idx }, records[i].as_ref());
                 continue;
             }
+            let ready = *ready_at[i].get_or_insert_with(Instant::now);
             let need = mem_of(&plan.graph[idx]);
             if running >= opts.max_parallel
                 || (running > 0 && mem_used + need > opts.memory_budget_mb)
@@ -387,6 +446,7 @@ pub async fn run_plan(
                 max_output: opts.max_output,
                 retry_base: opts.retry_base,
                 t0,
+                queue_wait: ready.elapsed(),
             }));
         }
         if running == 0 {
@@ -440,6 +500,7 @@ pub async fn run_plan(
                 attempts: 0,
                 started: None,
                 duration: None,
+                queue_wait: None,
                 last: None,
             })
         })
@@ -469,6 +530,7 @@ struct NodeTask {
     max_output: u64,
     retry_base: Duration,
     t0: Instant,
+    queue_wait: Duration,
 }
 
 async fn node_task(mut t: NodeTask) {
@@ -499,6 +561,7 @@ async fn node_task(mut t: NodeTask) {
         };
         let exec = t.exec.clone();
         let c2 = ctl.clone();
+        let attempt_started = SystemTime::now();
         let mut a = tokio::task::spawn_blocking(move || {
             let a = exec.run(&job, &c2);
             c2.finish();
@@ -522,6 +585,8 @@ async fn node_task(mut t: NodeTask) {
             }
             _ => {}
         }
+        t.progress
+            .attempt_ended(&t.plan, t.idx, attempt, attempt_started, &a);
         let retryable = matches!(a.status, Status::Failed | Status::TimedOut) && !a.environment;
         if !retryable || attempt > node.retries || t.abort.borrow().is_some() {
             break a;
@@ -551,6 +616,7 @@ async fn node_task(mut t: NodeTask) {
         attempts: attempt,
         started: Some(started.saturating_duration_since(t.t0)),
         duration: Some(started.elapsed()),
+        queue_wait: Some(t.queue_wait),
         last: Some(last),
     };
     let _ = t.done.send(Done {

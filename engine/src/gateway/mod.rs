@@ -33,7 +33,7 @@
 //! be started from async or blocking code; it stops on [`Gateway::stop`] or drop.
 
 mod proxy;
-mod tls;
+pub(crate) mod tls;
 mod usage;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};

@@ -44,6 +44,8 @@ pub struct Plan {
     /// The `remote:` skills fetched for this plan ([`crate::kit::fetch_remotes`]; empty
     /// until then).
     pub remotes: crate::kit::Remotes,
+    /// The spec's `observe` block ([`crate::observe`]).
+    pub observe: Option<crate::spec::model::Observe>,
 }
 
 /// One node: one fresh micro-VM.
@@ -242,6 +244,7 @@ impl Plan {
             mode: spec.sandbox.mode,
             spec_dir: spec_dir.to_path_buf(),
             remotes: crate::kit::Remotes::new(),
+            observe: spec.observe.clone(),
         })
     }
 

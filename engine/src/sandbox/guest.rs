@@ -440,6 +440,24 @@ impl GuestConn {
         }
     }
 
+    /// The guest's resource statistics (its agent reads `/proc`; no process starts).
+    pub fn telemetry(&mut self) -> Result<voidbox_protocol::Telemetry, SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "telemetry",
+            &Message::TelemetryRequest(voidbox_protocol::TelemetryRequest { id }),
+        )?;
+        match self.recv_for("telemetry", id)? {
+            Message::Telemetry(t) => Ok(t),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: "telemetry".into(),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("telemetry", "Telemetry", other)),
+        }
+    }
+
     /// Mounts host share slot `slot` at guest path `path` (see [`super::shares`]).
     pub fn mount_share(
         &mut self,

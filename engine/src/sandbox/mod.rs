@@ -209,6 +209,7 @@ pub struct Sandbox {
     timings: BootTimings,
     stop_grace: Duration,
     policy: Option<GuestPolicy>,
+    restored_from: Option<PathBuf>,
 }
 
 /// Checks that `/dev/kvm` can be opened read-write.
@@ -369,6 +370,7 @@ impl Sandbox {
             timings: BootTimings::default(),
             stop_grace: cfg.stop_grace,
             policy: cfg.policy.clone(),
+            restored_from: cfg.restore.as_ref().map(|r| r.dir.clone()),
         };
         // Golden creators stay on the boot secret until the snapshot is written.
         if !cfg.snapshot_control {
@@ -510,6 +512,12 @@ impl Sandbox {
         self.check("mkdir_p", r)
     }
 
+    /// A snapshot of the guest's CPU and memory counters ([`voidbox_protocol::Telemetry`]).
+    pub fn telemetry(&mut self) -> Result<voidbox_protocol::Telemetry, SandboxError> {
+        let r = self.conn.telemetry();
+        self.check("telemetry", r)
+    }
+
     /// One authenticated `Ping` round trip.
     pub fn ping(&mut self) -> Result<Duration, SandboxError> {
         let r = self.conn.ping(&self.secret, Duration::from_secs(10));
@@ -571,6 +579,11 @@ impl Sandbox {
     /// Cold-start phases.
     pub fn timings(&self) -> &BootTimings {
         &self.timings
+    }
+
+    /// The snapshot directory this VM was restored from (`None`: cold boot).
+    pub fn restored_from(&self) -> Option<&Path> {
+        self.restored_from.as_deref()
     }
 
     /// What the guest reported in the handshake.

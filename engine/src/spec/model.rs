@@ -433,19 +433,21 @@ impl Provider {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Observe {
-    /// Export traces.
-    #[serde(default)]
-    pub traces: bool,
-    /// Export metrics.
-    #[serde(default)]
-    pub metrics: bool,
-    /// Export logs.
-    #[serde(default)]
-    pub logs: bool,
-    /// OTLP endpoint (for example `http://localhost:4317`).
+    /// Export traces (default: on whenever an OTLP endpoint or `apply --trace` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traces: Option<bool>,
+    /// Export metrics (default: on whenever an OTLP endpoint is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<bool>,
+    /// Export the run's log records over OTLP (not provided: `true` is refused by `apply`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<bool>,
+    /// OTLP endpoint (for example `http://localhost:4317` for gRPC, `http://localhost:4318`
+    /// for HTTP); `VOIDBOX_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_ENDPOINT` apply when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub otlp_endpoint: Option<String>,
-    /// Service name reported to the collector.
+    /// Service name reported to the collector (`OTEL_SERVICE_NAME` and
+    /// `VOIDBOX_SERVICE_NAME` take precedence; default `voidbox`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
     /// Guest telemetry buffer size (samples).
