@@ -35,6 +35,12 @@ apt_install() {
 apt_install graphviz gcc libc6-dev erofs-utils fakeroot musl bash-static docker-registry skopeo umoci tmux \
   busybox-static python3 dnsmasq-base
 
+# Arize Phoenix (pinned, in a venv under ~/.cache/voidbox) is the real OTLP receiver of
+# tests/tests/vm_observe.rs; python3-venv creates the venv.
+echo "==> Arize Phoenix (OTLP receiver for the observability tests)"
+apt_install python3-venv
+./scripts/phoenix.sh install
+
 echo "==> building voidbox"
 cargo build --release -p voidbox
 
