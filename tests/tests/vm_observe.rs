@@ -314,9 +314,12 @@ fn check_tree(spans: &[Value], report: &Value, traceparent: bool) -> HashSet<Str
         .collect()
 }
 
-/// The metrics the sink received, by name: every data point's (attributes, value).
-fn metrics(sink: &Path) -> HashMap<String, Vec<(HashMap<String, Value>, f64)>> {
-    let mut out: HashMap<String, Vec<(HashMap<String, Value>, f64)>> = HashMap::new();
+/// A data point: its attributes and value (a histogram's sum).
+type Point = (HashMap<String, Value>, f64);
+
+/// The metrics the sink received, by name: every data point.
+fn metrics(sink: &Path) -> HashMap<String, Vec<Point>> {
+    let mut out: HashMap<String, Vec<Point>> = HashMap::new();
     let text = std::fs::read_to_string(sink).unwrap_or_default();
     for line in text.lines() {
         let v: Value = serde_json::from_str(line).unwrap();

@@ -377,6 +377,7 @@ mod timeout_tests {
             attempts: 1,
             started: Some(Duration::ZERO),
             duration: Some(Duration::from_secs(1)),
+            queue_wait: None,
             last: Some(Attempt::failed(status, error)),
         }
     }

@@ -288,7 +288,8 @@ impl Observer {
             cx.span().end_with_timestamp(now);
         }
         let count = |s: NodeStatus| r.nodes.iter().filter(|n| n.status == s).count() as i64;
-        let status = if r.success() { "succeeded" } else { "failed" };
+        let ok = code == 0 && r.success();
+        let status = if ok { "succeeded" } else { "failed" };
         let run = &o.run;
         run.span().set_attributes([
             KeyValue::new("voidbox.run.status", status),
@@ -303,7 +304,7 @@ impl Observer {
             run.span()
                 .set_attribute(KeyValue::new("voidbox.run.abort", format!("{a:?}")));
         }
-        run.span().set_status(if r.success() {
+        run.span().set_status(if ok {
             Status::Ok
         } else {
             Status::error(format!("exit code {code}"))
