@@ -50,8 +50,32 @@ fn every_recording_parses_the_same_in_any_chunking() {
             for c in data.as_bytes().chunks(chunk) {
                 p.push(c);
             }
-            assert_eq!(p.finish(), whole, "chunks of {chunk}");
+            assert_eq!(
+                untimed(p.finish()),
+                untimed(whole.clone()),
+                "chunks of {chunk}"
+            );
         }
+    }
+}
+
+/// `o` with its tool timings' clock readings zeroed (they are when the host read a line).
+fn untimed(mut o: AgentOutcome) -> AgentOutcome {
+    for t in &mut o.tool_timings {
+        t.started = std::time::UNIX_EPOCH;
+        t.ended = t.ended.map(|_| std::time::UNIX_EPOCH);
+    }
+    o
+}
+
+/// Every tool call has a timing, in order, ended by its result after its start, with an id.
+fn assert_timed(o: &AgentOutcome) {
+    let names: Vec<&str> = o.tool_timings.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, o.tool_calls);
+    for t in &o.tool_timings {
+        assert!(t.id.is_some(), "{t:?}");
+        assert!(t.ended.is_some_and(|e| e >= t.started), "{t:?}");
+        assert!(!t.is_error, "{t:?}");
     }
 }
 
@@ -83,6 +107,7 @@ fn claude_tool_turns_list_the_calls() {
     let o = parse(Format::ClaudeStreamJson, CLAUDE_TOOL);
     assert!(!o.is_error);
     assert_eq!(o.tool_calls, ["Bash", "mcp__echo__echo"]);
+    assert_timed(&o);
     assert_eq!(
         o.result.as_deref(),
         Some("The command printed tool-output-42.")
@@ -159,6 +184,7 @@ fn codex_tool_items_are_counted_once() {
     let o = parse(Format::CodexExecJson, CODEX_TOOL);
     assert!(!o.is_error);
     assert_eq!(o.tool_calls, ["shell", "mcp__echo__echo"]);
+    assert_timed(&o);
     assert_eq!(
         o.result.as_deref(),
         Some("The command printed tool-output-42.")
