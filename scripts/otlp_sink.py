@@ -1,10 +1,10 @@
-"""An OTLP/HTTP receiver for tests: POST /v1/metrics and /v1/traces (protobuf) are decoded
+"""An OTLP/HTTP receiver for tests: POST /v1/metrics, /v1/logs and /v1/traces (protobuf) are decoded
 with the official OpenTelemetry protobuf definitions (opentelemetry-proto, in the Phoenix
 venv) and appended to OUT as one JSON object per line ({"signal": ..., "body": <OTLP JSON>}).
 
     python otlp_sink.py PORT OUT
 
-Phoenix receives traces but not metrics, so the tests read metrics from here. Anything else
+Phoenix receives traces but not metrics or logs, so the tests read those from here. Anything else
 gets 404; a body that does not decode gets 400. Listens on 127.0.0.1 only.
 """
 
@@ -13,6 +13,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
@@ -21,6 +22,8 @@ KINDS = {
                     metrics_service_pb2.ExportMetricsServiceResponse),
     "/v1/traces": ("traces", trace_service_pb2.ExportTraceServiceRequest,
                    trace_service_pb2.ExportTraceServiceResponse),
+    "/v1/logs": ("logs", logs_service_pb2.ExportLogsServiceRequest,
+                 logs_service_pb2.ExportLogsServiceResponse),
 }
 MAX_BODY = 64 << 20
 

@@ -81,9 +81,9 @@ fn sandbox_features_are_refused_with_field_and_line() {
 #[test]
 fn void_box_fields_not_built_yet_are_refused() {
     assert_refused(
-        "kind: agent\nname: a\nllm: {provider: mock}\nobserve: {traces: true, logs: true, otlp_endpoint: 'http://localhost:4317'}\nagent:\n  prompt: hi\n  mode: interactive\n  messaging: {enabled: true}\n  skills: [\"mcp:github\"]\n",
+        "kind: agent\nname: a\nllm: {provider: mock}\nobserve: {traces: true, logs: true, otlp_endpoint: 'localhost:4317'}\nagent:\n  prompt: hi\n  mode: interactive\n  messaging: {enabled: true}\n  skills: [\"mcp:github\"]\n",
         &[
-            ("observe.logs", 4),
+            ("observe.otlp_endpoint", 4),
             ("agent.mode", 7),
             ("agent.messaging", 8),
             ("agent.skills[0]", 9),

@@ -314,6 +314,57 @@ fn check_tree(spans: &[Value], report: &Value, traceparent: bool) -> HashSet<Str
         .collect()
 }
 
+/// Every log record the sink received (OTLP JSON, ids as hex).
+fn log_records(sink: &Path) -> Vec<Value> {
+    let t0 = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(sink).unwrap_or_default();
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            if v["signal"] != "logs" {
+                continue;
+            }
+            for rl in v["body"]["resourceLogs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                for sl in rl["scopeLogs"].as_array().cloned().unwrap_or_default() {
+                    out.extend(sl["logRecords"].as_array().cloned().unwrap_or_default());
+                }
+            }
+        }
+        if out.iter().any(|r| {
+            r["body"]["stringValue"]
+                .as_str()
+                .is_some_and(|b| b.contains("exit code"))
+        }) || t0.elapsed() > Duration::from_secs(30)
+        {
+            // protobuf's JSON mapping writes ids as base64; OTLP JSON wants hex.
+            for r in &mut out {
+                for k in ["traceId", "spanId"] {
+                    if let Some(b) = r[k].as_str() {
+                        r[k] = Value::String(hex_of_base64(b));
+                    }
+                }
+            }
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn hex_of_base64(b: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b)
+        .unwrap()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
 /// A data point: its attributes and value (a histogram's sum).
 type Point = (HashMap<String, Value>, f64);
 
@@ -399,6 +450,11 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
                 format!("http://127.0.0.1:{sink_port}/v1/metrics"),
             ),
+            (
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+                format!("http://127.0.0.1:{sink_port}/v1/logs"),
+            ),
+            ("OTEL_LOGS_EXPORTER", "otlp".into()),
             ("OTEL_SERVICE_NAME", project.clone()),
             ("TRACEPARENT", format!("00-{TRACE_ID}-{PARENT_ID}-01")),
         ],
@@ -478,6 +534,22 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
         mem.len() >= 3 && mem.iter().all(|v| *v > 1e6),
         "guest memory: {mem:?}"
     );
+
+    // Log records, each in the trace of the span it is about.
+    let think = one(&spans, "node think");
+    let records = log_records(&sink_out);
+    let body = |r: &Value| r["body"]["stringValue"].as_str().unwrap_or("").to_string();
+    let done = records
+        .iter()
+        .find(|r| body(r) == "think: succeeded")
+        .unwrap_or_else(|| panic!("no `think: succeeded` record in {records:#?}"));
+    assert_eq!(done["traceId"], TRACE_ID);
+    assert_eq!(done["spanId"], id(think));
+    assert_eq!(done["severityText"], "INFO");
+    assert!(records
+        .iter()
+        .any(|r| body(r) == "observed: succeeded (exit code 0)"));
+    assert!(records.iter().any(|r| body(r) == "seed: attempt 1 started"));
 
     // OTLP/gRPC with nothing but VOIDBOX_OTLP_ENDPOINT (and the protocol, as the port is not
     // 4317); Phoenix takes no metrics, so they are off.

@@ -254,16 +254,16 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
         .next()
         .map(|n| n.name.clone())
         .unwrap_or_default();
-    if let Some((k, v)) = root.entry("observe") {
-        let _ = k;
-        if let Some(logs) = v.entry("logs") {
-            if matches!(logs.1.kind, NodeKind::Bool(true)) {
+    // A malformed OTLP endpoint in the spec is refused where it is written.
+    if let Some((_, v)) = root.entry("observe") {
+        if let Some((k, NodeKind::Str(url))) = v.entry("otlp_endpoint").map(|(k, n)| (k, &n.kind)) {
+            if let Err(e) = crate::observe::config::check_endpoint(url, "observe.otlp_endpoint") {
                 c.add(
                     whole.at(
-                        "observe.logs".into(),
-                        logs.0.span,
-                        "OTLP log export is not provided (traces and metrics are)".into(),
-                        "remove `logs: true`; the run's events are in the trace's spans and the JSON report",
+                        "observe.otlp_endpoint".into(),
+                        k.span,
+                        e,
+                        "use an http:// or https:// URL such as http://localhost:4317 (gRPC) or http://localhost:4318 (HTTP)",
                     ),
                     &first,
                 );

@@ -4,14 +4,15 @@
 //! - Endpoint (per signal): `observe.otlp_endpoint`, else `VOIDBOX_OTLP_ENDPOINT`, else the
 //!   standard `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT` (used as is) and
 //!   `OTEL_EXPORTER_OTLP_ENDPOINT`. A base URL gets `/v1/traces` or `/v1/metrics` over HTTP.
-//!   None of them: no export. `OTEL_{TRACES,METRICS}_EXPORTER=none` turns a signal off.
+//!   None of them: no export. `OTEL_{TRACES,METRICS,LOGS}_EXPORTER=none` turns a signal off.
 //! - Protocol: `OTEL_EXPORTER_OTLP_{TRACES_,METRICS_,}PROTOCOL` (`grpc`, `http/protobuf`,
 //!   `http/json`); unset, port 4317 means gRPC and anything else HTTP/protobuf.
 //! - Headers, compression and certificates: the standard `OTEL_EXPORTER_OTLP_*` variables,
 //!   read by the exporter.
 //! - Service name: `OTEL_SERVICE_NAME`, `VOIDBOX_SERVICE_NAME`, `observe.service_name`,
 //!   then `voidbox`.
-//! - `observe.traces` / `observe.metrics` switch the parts (absent: on); `OTEL_SDK_DISABLED=true`
+//! - `observe.traces` / `observe.metrics` switch the parts (absent: on); log records are
+//!   opt-in (`observe.logs: true` or `OTEL_LOGS_EXPORTER=otlp`); `OTEL_SDK_DISABLED=true`
 //!   turns export off.
 
 use std::path::PathBuf;
@@ -68,6 +69,8 @@ pub struct Settings {
     pub endpoint: Option<Endpoint>,
     /// Where metrics are exported (`None`: not exported).
     pub metrics_endpoint: Option<Endpoint>,
+    /// Where the run's log records are exported (`None`: not exported; they are opt-in).
+    pub logs_endpoint: Option<Endpoint>,
     /// Spans are made (exported and/or written to `trace_file`).
     pub traces: bool,
     /// Metrics are exported.
@@ -85,7 +88,7 @@ pub struct Settings {
 impl Settings {
     /// `true` when nothing is recorded at all.
     pub fn is_off(&self) -> bool {
-        !self.traces && !self.metrics
+        !self.traces && !self.metrics && self.logs_endpoint.is_none()
     }
 
     /// Metrics are exported (an endpoint is set and they are on).
@@ -111,9 +114,14 @@ pub fn resolve(
         (None, Some(e)) => Some((e, "VOIDBOX_OTLP_ENDPOINT")),
         (None, None) => None,
     };
+    // Logs are opt-in (`observe.logs: true` or `OTEL_LOGS_EXPORTER=otlp`); traces and metrics
+    // are on unless switched off.
+    let logs_wanted = observe.and_then(|o| o.logs) == Some(true)
+        || var("OTEL_LOGS_EXPORTER").is_some_and(|v| v.trim() == "otlp");
     let signal = |sig: &'static str, path: &str| -> Result<Option<Endpoint>, String> {
         let exporter_var = format!("OTEL_{sig}_EXPORTER");
         match var(&exporter_var).as_deref().map(str::trim) {
+            None if sig == "LOGS" && !logs_wanted => return Ok(None),
             None | Some("otlp") => {}
             Some("none") => return Ok(None),
             Some(other) => {
@@ -127,6 +135,7 @@ pub fn resolve(
         }
         let own_var: &'static str = match sig {
             "TRACES" => "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "LOGS" => "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
             _ => "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
         };
         let (url, source, base) = match (&ours, var(own_var), var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
@@ -137,6 +146,7 @@ pub fn resolve(
         };
         let proto_var: &'static str = match sig {
             "TRACES" => "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "LOGS" => "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
             _ => "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
         };
         let protocol = [proto_var, "OTEL_EXPORTER_OTLP_PROTOCOL"]
@@ -146,6 +156,7 @@ pub fn resolve(
     };
     let endpoint = signal("TRACES", "/v1/traces")?;
     let metrics_endpoint = signal("METRICS", "/v1/metrics")?;
+    let logs_endpoint = signal("LOGS", "/v1/logs")?;
     let export_timeout = match var("OTEL_EXPORTER_OTLP_TIMEOUT") {
         Some(v) => {
             let ms: u64 = v.trim().parse().map_err(|_| {
@@ -171,11 +182,17 @@ pub fn resolve(
         metrics: metrics_endpoint.is_some(),
         endpoint,
         metrics_endpoint,
+        logs_endpoint,
         service_name,
         trace_file,
         traceparent,
         export_timeout,
     })
+}
+
+/// Checks that `url` can be an OTLP endpoint (`source` names it in the error).
+pub fn check_endpoint(url: &str, source: &'static str) -> Result<(), String> {
+    endpoint(url, source, true, "", None).map(drop)
 }
 
 /// Checks an endpoint URL, makes the signal's URL (`base`: append `path` for HTTP) and picks

@@ -124,6 +124,16 @@ impl PushMetricExporter for OnRuntime<opentelemetry_otlp::MetricExporter> {
     }
 }
 
+impl opentelemetry_sdk::logs::LogExporter for OnRuntime<opentelemetry_otlp::LogExporter> {
+    async fn export(&self, batch: opentelemetry_sdk::logs::LogBatch<'_>) -> OTelSdkResult {
+        self.run("logs", self.inner.export(batch))
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
 /// The runtime exports run on: one worker, its own thread, independent of the run's.
 pub fn export_runtime() -> Result<Arc<tokio::runtime::Runtime>, String> {
     tokio::runtime::Builder::new_multi_thread()
@@ -216,6 +226,51 @@ pub fn metric_exporter(
         timeout,
         warn: warn.clone(),
     })
+}
+
+/// The OTLP log exporter for `ep`, wrapped to run on `rt`.
+pub fn log_exporter(
+    ep: &Endpoint,
+    rt: &Arc<tokio::runtime::Runtime>,
+    timeout: Duration,
+    warn: &Arc<Warn>,
+) -> Result<OnRuntime<opentelemetry_otlp::LogExporter>, String> {
+    let _guard = rt.enter();
+    let b = opentelemetry_otlp::LogExporter::builder();
+    let built = match ep.protocol {
+        Protocol::Grpc => b
+            .with_tonic()
+            .with_timeout(timeout)
+            .with_endpoint(ep.url.clone())
+            .build(),
+        p => b
+            .with_http()
+            .with_protocol(http_protocol(p))
+            .with_http_client(http_client()?)
+            .with_timeout(timeout)
+            .with_endpoint(ep.url.clone())
+            .build(),
+    };
+    let inner = built.map_err(|e| format!("OTLP log exporter ({}): {e}", ep.source))?;
+    Ok(OnRuntime {
+        inner,
+        rt: rt.clone(),
+        timeout,
+        warn: warn.clone(),
+    })
+}
+
+/// The batch log processor for `exporter`: bounded queue, sent every second.
+pub fn log_processor(
+    exporter: OnRuntime<opentelemetry_otlp::LogExporter>,
+) -> opentelemetry_sdk::logs::BatchLogProcessor {
+    let config = opentelemetry_sdk::logs::BatchConfigBuilder::default()
+        .with_max_queue_size(MAX_QUEUED_SPANS)
+        .with_scheduled_delay(SPAN_DELAY)
+        .build();
+    opentelemetry_sdk::logs::BatchLogProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build()
 }
 
 /// The batch processor for `exporter`: bounded queue, sent every second.

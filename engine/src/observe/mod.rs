@@ -57,6 +57,10 @@ pub struct Observer {
         opentelemetry_sdk::metrics::SdkMeterProvider,
         metrics::Instruments,
     )>,
+    logs: Option<(
+        opentelemetry_sdk::logs::SdkLoggerProvider,
+        opentelemetry_sdk::logs::SdkLogger,
+    )>,
     warn: Option<Arc<export::Warn>>,
     _rt: Option<Arc<tokio::runtime::Runtime>>,
     stages: Vec<spans::Stage>,
@@ -92,9 +96,14 @@ impl Observer {
             .endpoint
             .as_ref()
             .or(settings.metrics_endpoint.as_ref())
+            .or(settings.logs_endpoint.as_ref())
             .map(|e| export::Warn::new(target(e)));
-        let rt = match (&settings.endpoint, &settings.metrics_endpoint) {
-            (None, None) => None,
+        let rt = match (
+            &settings.endpoint,
+            &settings.metrics_endpoint,
+            &settings.logs_endpoint,
+        ) {
+            (None, None, None) => None,
             _ => Some(export::export_runtime()?),
         };
         let mut collected = None;
@@ -130,6 +139,19 @@ impl Observer {
             }
             _ => None,
         };
+        let logs = match (&settings.logs_endpoint, &rt, &warn) {
+            (Some(ep), Some(rt), Some(w)) => {
+                let e = export::log_exporter(ep, rt, settings.export_timeout, w)?;
+                let provider = opentelemetry_sdk::logs::SdkLoggerProvider::builder()
+                    .with_resource(resource.clone())
+                    .with_log_processor(export::log_processor(e))
+                    .build();
+                use opentelemetry::logs::LoggerProvider as _;
+                let logger = provider.logger(SCOPE);
+                Some((provider, logger))
+            }
+            _ => None,
+        };
         let stages = spans::stages(plan);
         let mut stage_of = vec![0; plan.graph.node_count()];
         for (s, st) in stages.iter().enumerate() {
@@ -143,6 +165,7 @@ impl Observer {
             tracer,
             collected,
             meters,
+            logs,
             warn,
             _rt: rt,
             open: Mutex::new(Open {
@@ -310,6 +333,18 @@ impl Observer {
             Status::error(format!("exit code {code}"))
         });
         run.span().end_with_timestamp(now);
+        let run_cx = run.clone();
+        drop(o);
+        self.log(
+            if ok {
+                opentelemetry::logs::Severity::Info
+            } else {
+                opentelemetry::logs::Severity::Error
+            },
+            format!("{}: {status} (exit code {code})", plan.name),
+            vec![("voidbox.run.exit_code", i64::from(code).into())],
+            Some(&run_cx),
+        );
         if let Some((_, m)) = &self.meters {
             m.run(
                 &[
@@ -333,12 +368,18 @@ impl Observer {
                     .as_ref()
                     .map(|(p, _)| p.shutdown_with_timeout(budget))
             });
+            let l = s.spawn(|| {
+                self.logs
+                    .as_ref()
+                    .map(|(p, _)| p.shutdown_with_timeout(budget))
+            });
             let m = self
                 .meters
                 .as_ref()
                 .map(|(p, _)| p.shutdown_with_timeout(budget));
             let t = t.join().ok().flatten();
-            out.timed_out = [t, m]
+            let l = l.join().ok().flatten();
+            out.timed_out = [t, m, l]
                 .into_iter()
                 .flatten()
                 .any(|r| r.is_err() && std::time::Instant::now() >= deadline);
@@ -357,6 +398,36 @@ impl Observer {
             out.trace_file_error = r.err();
         }
         out
+    }
+
+    /// One log record, in the trace of `cx` when given.
+    fn log(
+        &self,
+        severity: opentelemetry::logs::Severity,
+        body: String,
+        attrs: Vec<(&'static str, opentelemetry::logs::AnyValue)>,
+        cx: Option<&Context>,
+    ) {
+        use opentelemetry::logs::{LogRecord as _, Logger as _};
+        let Some((_, logger)) = &self.logs else {
+            return;
+        };
+        let mut r = logger.create_log_record();
+        r.set_timestamp(SystemTime::now());
+        r.set_severity_number(severity);
+        r.set_severity_text(severity.name());
+        r.set_body(body.into());
+        r.add_attributes(attrs);
+        if let Some(sc) = cx.map(|c| c.span().span_context().clone()) {
+            if sc.is_valid() {
+                r.set_trace_context(sc.trace_id(), sc.span_id(), Some(sc.trace_flags()));
+            }
+        }
+        logger.emit(r);
+    }
+
+    fn node_cx(&self, i: usize) -> Option<Context> {
+        self.lock().nodes.get(&i).cloned()
     }
 
     fn stage_started(&self, o: &mut Open, s: usize, now: SystemTime) -> Option<Context> {
@@ -401,6 +472,7 @@ impl Observer {
             m.node(&spans::node_identity(n), r);
         }
         if self.tracer.is_none() {
+            self.log_finished(n, r, &Context::new());
             return;
         }
         // A skipped node never started: its span opens and closes now.
@@ -408,7 +480,12 @@ impl Observer {
         let i = node.index();
         let s = self.stage_of[i];
         let mut o = self.lock();
-        if let Some(cx) = o.nodes.remove(&i) {
+        let node_cx = o.nodes.remove(&i);
+        let run_cx = o.run.clone();
+        drop(o);
+        self.log_finished(n, r, node_cx.as_ref().unwrap_or(&run_cx));
+        let mut o = self.lock();
+        if let Some(cx) = node_cx {
             let span = cx.span();
             span.set_attributes(spans::node_end(n, r));
             let err = r.last.as_ref().and_then(|a| a.error.as_deref());
@@ -509,21 +586,81 @@ impl Observer {
     }
 }
 
+impl Observer {
+    fn log_finished(&self, n: &crate::plan::PlanNode, r: &NodeRecord, cx: &Context) {
+        use opentelemetry::logs::Severity;
+        let err = r.last.as_ref().and_then(|a| a.error.as_deref());
+        let (sev, body) = match (r.status, err) {
+            (NodeStatus::Succeeded, _) => (Severity::Info, format!("{}: succeeded", n.name)),
+            (NodeStatus::Skipped, _) => (Severity::Info, format!("{}: skipped", n.name)),
+            (s, Some(e)) => (
+                Severity::Error,
+                format!(
+                    "{}: {}: {}",
+                    n.name,
+                    s.as_str(),
+                    e.lines().next().unwrap_or("")
+                ),
+            ),
+            (s, None) => (Severity::Error, format!("{}: {}", n.name, s.as_str())),
+        };
+        let mut attrs = vec![
+            ("voidbox.node.name", n.name.clone().into()),
+            ("voidbox.node.status", r.status.as_str().into()),
+            ("voidbox.node.attempts", i64::from(r.attempts).into()),
+        ];
+        if let Some(d) = r.duration {
+            attrs.push(("voidbox.node.duration_ms", (d.as_millis() as i64).into()));
+        }
+        self.log(sev, body, attrs, Some(cx));
+    }
+}
+
 impl Progress for Observer {
     fn event(&self, plan: &Plan, ev: &Event, record: Option<&NodeRecord>) {
         self.inner.event(plan, ev, record);
         match ev {
-            Event::Started { node, .. } => {
+            Event::Started { node, attempt } => {
                 if self.tracer.is_some() {
                     self.node_started(plan, *node, SystemTime::now());
                 }
+                let name = &plan.graph[*node].name;
+                self.log(
+                    opentelemetry::logs::Severity::Info,
+                    format!("{name}: attempt {attempt} started"),
+                    vec![
+                        ("voidbox.node.name", name.clone().into()),
+                        ("voidbox.attempt", i64::from(*attempt).into()),
+                    ],
+                    self.node_cx(node.index()).as_ref(),
+                );
+            }
+            Event::Retrying {
+                node,
+                attempt,
+                delay,
+                error,
+            } => {
+                let name = &plan.graph[*node].name;
+                self.log(
+                    opentelemetry::logs::Severity::Warn,
+                    format!(
+                        "{name}: attempt {attempt} failed ({}); retrying in {:.1}s",
+                        error.lines().next().unwrap_or(""),
+                        delay.as_secs_f64()
+                    ),
+                    vec![
+                        ("voidbox.node.name", name.clone().into()),
+                        ("voidbox.attempt", i64::from(*attempt).into()),
+                    ],
+                    self.node_cx(node.index()).as_ref(),
+                );
             }
             Event::Finished { node } => {
                 if let Some(r) = record {
                     self.node_finished(plan, *node, r);
                 }
             }
-            Event::Retrying { .. } => {}
         }
     }
 
@@ -539,6 +676,28 @@ impl Progress for Observer {
         if let Some((_, m)) = &self.meters {
             m.attempt(&spans::node_identity(&plan.graph[node]), a);
         }
+        let cx = self.node_cx(node.index());
+        let name = &plan.graph[node].name;
+        for d in &a.net_denials {
+            let proto = format!("{:?}", d.protocol).to_lowercase();
+            self.log(
+                opentelemetry::logs::Severity::Warn,
+                format!(
+                    "{name}: network denied {proto} {}:{} ({}) x{}",
+                    d.destination, d.port, d.reason, d.count
+                ),
+                vec![("voidbox.node.name", name.clone().into())],
+                cx.as_ref(),
+            );
+        }
+        for w in a.agent.iter().flat_map(|ag| ag.warnings.iter()) {
+            self.log(
+                opentelemetry::logs::Severity::Warn,
+                format!("{name}: agent runtime: {w}"),
+                vec![("voidbox.node.name", name.clone().into())],
+                cx.as_ref(),
+            );
+        }
         self.attempt_spans(plan, node, attempt, started, a);
     }
 
@@ -548,6 +707,13 @@ impl Progress for Observer {
 
     fn notice(&self, msg: &str) {
         self.inner.notice(msg);
+        let run = self.lock().run.clone();
+        self.log(
+            opentelemetry::logs::Severity::Info,
+            msg.to_string(),
+            Vec::new(),
+            Some(&run),
+        );
     }
 }
 

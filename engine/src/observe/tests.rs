@@ -95,6 +95,19 @@ fn switches_and_exporter_variables_turn_signals_off() {
     )
     .unwrap();
     assert!(!s.traces && s.metrics);
+    // Logs are opt-in: the spec's switch or OTEL_LOGS_EXPORTER=otlp.
+    assert!(resolve(None, &env(&vars), None)
+        .unwrap()
+        .logs_endpoint
+        .is_none());
+    let logs = Observe {
+        logs: Some(true),
+        ..Observe::default()
+    };
+    let s = resolve(Some(&logs), &env(&vars), None).unwrap();
+    assert_eq!(s.logs_endpoint.unwrap().url, "http://c:4318/v1/logs");
+    let s = resolve(None, &env(&[vars[0], ("OTEL_LOGS_EXPORTER", "otlp")]), None).unwrap();
+    assert!(s.logs_endpoint.is_some());
     let s = resolve(None, &env(&[vars[0], ("OTEL_SDK_DISABLED", "true")]), None).unwrap();
     assert!(s.is_off());
     // --trace FILE still gets the spans with export off.

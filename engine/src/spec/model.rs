@@ -439,7 +439,8 @@ pub struct Observe {
     /// Export metrics (default: on whenever an OTLP endpoint is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<bool>,
-    /// Export the run's log records over OTLP (not provided: `true` is refused by `apply`).
+    /// Export the run's log records (node started, retried, finished; notices; network
+    /// denials; agent warnings) over OTLP, correlated with the trace (default: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<bool>,
     /// OTLP endpoint (for example `http://localhost:4317` for gRPC, `http://localhost:4318`
