@@ -137,6 +137,7 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
             spec_dir: ".".into(),
             remotes: Default::default(),
             guest_telemetry: false,
+            telemetry_buffer: 0,
             kill_children_on_abort: false,
             snapshots: voidbox::snapshot::Snapshots::new(
                 true,

@@ -252,6 +252,16 @@ fn export_to(port: u16) -> Settings {
     s
 }
 
+/// CPU time (user + system) of this process so far, all threads.
+fn cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    let u = getrusage(UsageWho::RUSAGE_SELF).unwrap_or_else(|e| panic!("{e}"));
+    Duration::from_micros(
+        (u.user_time().num_microseconds() + u.system_time().num_microseconds()) as u64,
+    )
+}
+
 /// One fake-executor run of `p` observed as `voidbox apply` does, exporting to `settings`.
 struct Observed {
     /// `Observer::start` (exporters, HTTP clients, the run's span).
@@ -260,10 +270,13 @@ struct Observed {
     run: Duration,
     /// `end_run` + `shutdown` (the final flush).
     flush: Duration,
+    /// CPU time of this process from `Observer::start` to the observer's drop.
+    cpu: Duration,
     flushed: Flushed,
 }
 
 fn observed_run(p: &Arc<Plan>, max_parallel: usize, settings: &Settings) -> Observed {
+    let cpu0 = cpu();
     let t0 = Instant::now();
     let obs = Observer::start(settings.clone(), p, Arc::new(Silent))
         .unwrap_or_else(|e| panic!("{e}"))
@@ -279,11 +292,14 @@ fn observed_run(p: &Arc<Plan>, max_parallel: usize, settings: &Settings) -> Obse
     if flushed.timed_out {
         // As `voidbox apply` does: a provider whose export is stuck would block its drop.
         std::mem::forget(obs);
+    } else {
+        drop(obs);
     }
     Observed {
         start,
         run,
         flush,
+        cpu: cpu() - cpu0,
         flushed,
     }
 }
@@ -296,6 +312,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
+
+/// Runs of each plan, per setting, in part 1's export comparison.
+const RUNS: usize = 21;
 
 fn part1_observe(sink: &Result<Sink, String>) {
     println!("## engine overhead per node, telemetry export off vs on\n");
@@ -311,8 +330,8 @@ fn part1_observe(sink: &Result<Sink, String>) {
         "export on: traces + metrics over OTLP/HTTP (protobuf) to scripts/otlp_sink.py on 127.0.0.1:{}; runs interleaved off/on; the \"run\" is the scheduler only (Observer::start before it, end_run + shutdown after it)\n",
         sink.port
     );
-    println!("| plan | nodes | runs | off: median run | on: median run | off per node | on per node | added per node | Observer::start | end_run + shutdown | spans received per run |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| plan | nodes | runs | run, off | run, on | per node, off | per node, on | added per node | CPU per node, off | CPU per node, on | CPU added per node | Observer::start | end_run + shutdown | spans received per run |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, src, par) in [
         ("chain of 100", chain_spec(100, 128), 1),
         ("chain of 1000", chain_spec(1000, 128), 1),
@@ -321,22 +340,31 @@ fn part1_observe(sink: &Result<Sink, String>) {
     ] {
         let p = Arc::new(plan(&src));
         let nodes = p.graph.node_count();
-        let (mut off, mut on, mut start, mut flush) = (vec![], vec![], vec![], vec![]);
-        let (mut spans, mut failures) = (Vec::new(), 0);
-        for _ in 0..9 {
-            off.push(fake_run(&p, par));
-            sink.clear();
-            let o = observed_run(&p, par, &settings);
-            assert!(!o.flushed.timed_out, "flush timed out on a live receiver");
-            failures += o.flushed.export_failures;
-            spans.push(sink.received().0);
-            on.push(o.run);
-            start.push(o.start);
-            flush.push(o.flush);
+        let (mut off, mut off_cpu, mut on, mut on_cpu) = (vec![], vec![], vec![], vec![]);
+        let (mut start, mut flush, mut spans, mut failures) = (vec![], vec![], vec![], 0);
+        for i in 0..RUNS {
+            // Alternate which goes first, so drift and warm-up fall on both.
+            for on_now in [i % 2 == 1, i % 2 == 0] {
+                if on_now {
+                    sink.clear();
+                    let o = observed_run(&p, par, &settings);
+                    assert!(!o.flushed.timed_out, "flush timed out on a live receiver");
+                    failures += o.flushed.export_failures;
+                    spans.push(sink.received().0);
+                    on.push(o.run);
+                    on_cpu.push(o.cpu);
+                    start.push(o.start);
+                    flush.push(o.flush);
+                } else {
+                    let c0 = cpu();
+                    off.push(fake_run(&p, par));
+                    off_cpu.push(cpu() - c0);
+                }
+            }
         }
-        let runs = off.len();
-        let (off, on) = (median(off), median(on));
         let per = |d: Duration| d.as_secs_f64() * 1e6 / nodes as f64;
+        let (off, on) = (median(off), median(on));
+        let (off_cpu, on_cpu) = (median(off_cpu), median(on_cpu));
         spans.sort();
         spans.dedup();
         let spans = spans
@@ -345,12 +373,15 @@ fn part1_observe(sink: &Result<Sink, String>) {
             .collect::<Vec<_>>()
             .join("/");
         println!(
-            "| {name} | {nodes} | {runs} | {} | {} | {:.1} µs | {:.1} µs | {:+.1} µs | {} | {} | {spans}{} |",
+            "| {name} | {nodes} | {RUNS}+{RUNS} | {} | {} | {:.1} µs | {:.1} µs | {:+.1} µs | {:.1} µs | {:.1} µs | {:+.1} µs | {} | {} | {spans}{} |",
             ms(off),
             ms(on),
             per(off),
             per(on),
             per(on) - per(off),
+            per(off_cpu),
+            per(on_cpu),
+            per(on_cpu) - per(off_cpu),
             ms(median(start)),
             ms(median(flush)),
             if failures > 0 {
@@ -358,6 +389,74 @@ fn part1_observe(sink: &Result<Sink, String>) {
             } else {
                 String::new()
             }
+        );
+    }
+    println!("\n(run: the scheduler's wall time only; CPU: this process, all threads — off: the run; on: Observer::start to the observer's drop, export threads included, the receiver's own CPU not)\n");
+}
+
+/// The observer's own work per node, without a scheduler around it: the callbacks a node
+/// makes (attempt started, attempt ended, node finished) called directly on this thread —
+/// the time the scheduler spends in them — and this process's CPU time from
+/// `Observer::start` to its drop, exports included.
+fn part1_callbacks(sink: &Result<Sink, String>) {
+    let Ok(sink) = sink else {
+        return;
+    };
+    use voidbox::apply::scheduler::{Event, NodeRecord, Status};
+    println!("## the observer's callbacks per node, called directly (no scheduler)\n");
+    println!("| plan | nodes | runs | callbacks per node (calling thread) | CPU per node, start to drop (export included) |");
+    println!("|---|---:|---:|---:|---:|");
+    let settings = export_to(sink.port);
+    for (name, src) in [
+        ("chain of 1000", chain_spec(1000, 128)),
+        ("fan_out 1000 wide", fan_out_spec(1000, 128)),
+    ] {
+        let p = Arc::new(plan(&src));
+        let nodes = p.graph.node_count();
+        let attempt = Attempt::ok(b"1\n".to_vec());
+        let record = NodeRecord {
+            status: Status::Succeeded,
+            attempts: 1,
+            started: Some(Duration::ZERO),
+            duration: Some(Duration::from_micros(10)),
+            queue_wait: Some(Duration::ZERO),
+            last: Some(attempt.clone()),
+        };
+        let (mut calls, mut cpus) = (vec![], vec![]);
+        for _ in 0..RUNS {
+            let c0 = cpu();
+            let obs = Observer::start(settings.clone(), &p, Arc::new(Silent))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("export is on: {settings:?}"));
+            obs.scheduling();
+            let t0 = Instant::now();
+            for node in p.graph.node_indices() {
+                let started = std::time::SystemTime::now();
+                obs.event(&p, &Event::Started { node, attempt: 1 }, None);
+                obs.attempt_ended(&p, node, 1, started, &attempt);
+                obs.event(&p, &Event::Finished { node }, Some(&record));
+            }
+            calls.push(t0.elapsed());
+            let r = RunResult {
+                nodes: vec![record.clone(); nodes],
+                output: None,
+                abort: None,
+                duration: Duration::from_millis(1),
+            };
+            obs.end_run(&p, &r, 0);
+            let flushed = obs.shutdown();
+            assert!(
+                !flushed.timed_out && flushed.export_failures == 0,
+                "{flushed:?}"
+            );
+            drop(obs);
+            cpus.push(cpu() - c0);
+        }
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / nodes as f64;
+        println!(
+            "| {name} | {nodes} | {RUNS} | {:.1} µs | {:.1} µs |",
+            per(median(calls)),
+            per(median(cpus))
         );
     }
     println!();
@@ -382,7 +481,7 @@ fn part1_flush(sink: &Result<Sink, String>) {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, port, runs) in receivers {
         let settings = export_to(port);
-        for width in [48, 498] {
+        for width in [48, 498, 1998] {
             let p = Arc::new(plan(&fan_out_spec(width, 128)));
             let nodes = p.graph.node_count();
             let (mut run, mut flush, mut timed_out, mut failures, mut spans) =
@@ -449,6 +548,11 @@ fn vm_executor(
         spec_dir: ".".into(),
         remotes: Default::default(),
         guest_telemetry,
+        telemetry_buffer: if guest_telemetry {
+            voidbox::apply::executor::DEFAULT_TELEMETRY_BUFFER
+        } else {
+            0
+        },
         kill_children_on_abort: false,
         snapshots: voidbox::snapshot::Snapshots::new(
             snapshots,
@@ -669,6 +773,7 @@ fn main() {
     part1();
     let sink = Sink::start();
     part1_observe(&sink);
+    part1_callbacks(&sink);
     part1_flush(&sink);
     if std::env::var("VOIDBOX_BENCH_SKIP_VMS").as_deref() == Ok("1") {
         return;

@@ -99,16 +99,25 @@ fn sink(dir: &Path) -> (Server, u16, PathBuf) {
     (server, port, out)
 }
 
+/// `seed` writes 300 kB, so `count` gets its stdin streamed while the guest is sampled (both
+/// write frames on the connection at once); `count` runs long enough for several samples,
+/// of which the spec keeps 2.
 const SPEC: &str = "api_version: v1
 kind: pipeline
 name: observed
 sandbox: {memory_mb: 256}
+observe: {telemetry_buffer_size: 2}
 pipeline:
   boxes:
     - name: seed
-      run: {program: sh, args: [-c, 'echo {\"topic\": \"otel\"}']}
+      run:
+        program: sh
+        args:
+          - -c
+          - |
+            printf '{\"pad\": \"'; head -c 300000 /dev/zero | tr '\\0' a; printf '\"}'
     - name: count
-      run: {program: wc, args: [-c]}
+      run: {program: sh, args: [-c, 'sleep 7; wc -c']}
     - name: think
       prompt: Summarise the input.
       llm: {provider: mock}
@@ -215,7 +224,12 @@ fn child<'a>(spans: &'a [Value], parent: &Value, name: &str) -> &'a Value {
 
 /// Checks the run → stage → node → attempt → phases tree of one run, and the agent's LLM
 /// span against the JSON report; returns the trace's span ids.
-fn check_tree(spans: &[Value], report: &Value, traceparent: bool) -> HashSet<String> {
+fn check_tree(
+    spans: &[Value],
+    report: &Value,
+    traceparent: bool,
+    sampled: bool,
+) -> HashSet<String> {
     let root = one(spans, "voidbox apply observed");
     let trace = root["context"]["trace_id"].as_str().unwrap();
     let spans: Vec<Value> = spans
@@ -259,7 +273,30 @@ fn check_tree(spans: &[Value], report: &Value, traceparent: bool) -> HashSet<Str
         child(&spans, attempt, "collect");
     }
     child(&spans, child(&spans, seed, "attempt 1"), "exec sh");
-    child(&spans, child(&spans, count, "attempt 1"), "exec wc");
+    let wc = child(&spans, child(&spans, count, "attempt 1"), "exec sh");
+    // The fan-out's merged output: `count`'s (a JSON number) first.
+    let out = report["output"][0].to_string();
+    assert_eq!(
+        out.trim_matches('"').trim(),
+        "300011",
+        "count's streamed stdin arrived whole: {report:#}"
+    );
+    if sampled {
+        // Sampled every 2 s during `sleep 7`: at least 3 taken, the last 2 kept as events.
+        let a = &wc["attributes"];
+        assert!(a["voidbox.guest.samples"].as_u64().unwrap() >= 3, "{wc:#}");
+        assert!(a["voidbox.guest.memory_peak_bytes"].as_u64().unwrap() > 1 << 20);
+        let events: Vec<&Value> = wc["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "guest.telemetry")
+            .collect();
+        assert_eq!(events.len(), 2, "{wc:#}");
+        assert!(events
+            .iter()
+            .all(|e| e["attributes"]["voidbox.guest.memory_used_bytes"].as_u64() > Some(0)));
+    }
     // The agent: an AGENT node whose runtime call is an LLM span with the report's tokens.
     assert_eq!(think["span_kind"], "AGENT");
     let llm = child(
@@ -368,15 +405,16 @@ fn hex_of_base64(b: &str) -> String {
 /// A data point: its attributes and value (a histogram's sum).
 type Point = (HashMap<String, Value>, f64);
 
-/// The metrics the sink received, by name: every data point.
+/// The metrics of the last export the sink received, by name: every data point.
 fn metrics(sink: &Path) -> HashMap<String, Vec<Point>> {
     let mut out: HashMap<String, Vec<Point>> = HashMap::new();
     let text = std::fs::read_to_string(sink).unwrap_or_default();
-    for line in text.lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        if v["signal"] != "metrics" {
-            continue;
-        }
+    // Cumulative temporality: the last export holds every series' final value.
+    let last = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .rfind(|v| v["signal"] == "metrics");
+    if let Some(v) = last {
         let rms = v["body"]["resourceMetrics"]
             .as_array()
             .cloned()
@@ -463,7 +501,7 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
     assert!(!r.stderr.contains("warning: cannot export"), "{}", r.stderr);
     let report: Value = serde_json::from_str(&r.stdout).unwrap();
     let spans = phoenix_spans(http, &project, "voidbox apply observed");
-    let ids = check_tree(&spans, &report, true);
+    let ids = check_tree(&spans, &report, true, true);
 
     // --trace FILE: OTLP JSON holding the same spans.
     let doc: Value = serde_json::from_slice(&std::fs::read(&trace_file).unwrap()).unwrap();
@@ -569,7 +607,7 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
     assert!(!r.stderr.contains("warning"), "{}", r.stderr);
     let report: Value = serde_json::from_str(&r.stdout).unwrap();
     let spans = phoenix_spans(http, &project, "voidbox apply observed");
-    check_tree(&spans, &report, false);
+    check_tree(&spans, &report, false, false);
 }
 
 #[test]

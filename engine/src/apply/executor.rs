@@ -10,7 +10,7 @@ use super::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
 use super::cancel::{kill_vmm_children, NodeControl, StopReason};
 use super::data::{over_cap, CappedBuf, Tail};
 use super::runtime::{launch, GatewayAccess};
-use super::scheduler::{Attempt, Executor, GuestUsage, Job, Status};
+use super::scheduler::{Attempt, Executor, GuestSample, GuestUsage, Job, Status};
 use crate::agent_output::{Format, OutputParser};
 use crate::gateway::Gateway;
 use crate::plan::Action;
@@ -55,7 +55,15 @@ pub struct VmExecutor {
     pub remotes: crate::kit::Remotes,
     /// Ask the guest for its telemetry just before and after the command (for metrics).
     pub guest_telemetry: bool,
+    /// With `guest_telemetry`, also sample it every [`TELEMETRY_EVERY`] while the command
+    /// runs, keeping the last this many samples (`observe.telemetry_buffer_size`; 0: none).
+    pub telemetry_buffer: usize,
 }
+
+/// Time between guest telemetry samples while a command runs.
+pub const TELEMETRY_EVERY: Duration = Duration::from_secs(2);
+/// Samples kept per attempt when the spec does not say (`observe.telemetry_buffer_size`).
+pub const DEFAULT_TELEMETRY_BUFFER: usize = 64;
 
 /// What an attempt runs, prepared on the host before its VM starts.
 struct Prepared {
@@ -331,22 +339,44 @@ impl VmExecutor {
         ctl.arm_deadline(Duration::from_secs(job.node.timeout().secs) + HOST_DEADLINE_GRACE);
         let exec_wall = SystemTime::now();
         let t0 = Instant::now();
-        let res = sb.exec(req, &mut |s, data| match s {
-            OutputStream::Stdout => {
-                stdout.push(data);
-                if let Some(p) = stream.as_mut() {
-                    p.push(data);
+        let mut samples = std::collections::VecDeque::new();
+        let (mut taken, mut peak) = (0u64, 0u64);
+        let cap = self.telemetry_buffer;
+        let mut on_sample = |t: voidbox_protocol::Telemetry| {
+            if let Some(b) = &before {
+                let s = GuestSample::new(b, &t);
+                taken += 1;
+                peak = peak.max(s.mem_used_kb);
+                if samples.len() >= cap {
+                    samples.pop_front();
                 }
+                samples.push_back(s);
             }
-            OutputStream::Stderr => stderr.push(data),
+        };
+        let sampling = (before.is_some() && cap > 0).then_some(crate::sandbox::guest::Sampling {
+            every: TELEMETRY_EVERY,
+            on_sample: &mut on_sample,
         });
+        let res = sb.exec_sampled(
+            req,
+            &mut |s, data| match s {
+                OutputStream::Stdout => {
+                    stdout.push(data);
+                    if let Some(p) = stream.as_mut() {
+                        p.push(data);
+                    }
+                }
+                OutputStream::Stderr => stderr.push(data),
+            },
+            sampling,
+        );
         let exec = t0.elapsed();
         let exec_end = SystemTime::now();
         let guest = match (&before, &res) {
             (Some(b), Ok(_)) => sb
                 .telemetry()
                 .ok()
-                .map(|after| GuestUsage::between(b, &after)),
+                .map(|after| GuestUsage::between(b, &after, samples.into(), taken, peak)),
             _ => None,
         };
         let mut a = match res {

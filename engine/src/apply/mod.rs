@@ -401,6 +401,13 @@ fn apply_prepared(
         dns_upstreams,
         endpoints,
         guest_telemetry: observer.is_some_and(|o| o.wants_guest_telemetry()),
+        telemetry_buffer: plan
+            .observe
+            .as_ref()
+            .and_then(|o| o.telemetry_buffer_size)
+            .map_or(executor::DEFAULT_TELEMETRY_BUFFER, |n| {
+                usize::try_from(n).unwrap_or(usize::MAX)
+            }),
     });
     let sched = SchedOptions {
         max_parallel: opts

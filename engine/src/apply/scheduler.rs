@@ -154,9 +154,10 @@ pub struct Phases {
     pub snapshot: Option<String>,
 }
 
-/// The guest's resource use around the command, from two telemetry snapshots (just
-/// before and just after it ran).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The guest's resource use while the command ran, from its agent's telemetry: a snapshot
+/// just before the command, samples while it ran (the last `observe.telemetry_buffer_size`
+/// kept) and one just after.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GuestUsage {
     /// CPU time in user mode while the command ran, all vCPUs, milliseconds.
     pub cpu_user_ms: u64,
@@ -164,21 +165,66 @@ pub struct GuestUsage {
     pub cpu_system_ms: u64,
     /// Memory in use (total − available) when the command ended, KiB.
     pub mem_used_kb: u64,
+    /// The most memory in use seen while it ran (samples and the end), KiB.
+    pub mem_peak_kb: u64,
     /// The guest's memory, KiB.
     pub mem_total_kb: u64,
+    /// Samples taken while it ran (all of them, kept or not).
+    pub samples_taken: u64,
+    /// The last samples (at most the buffer size), oldest first.
+    pub samples: Vec<GuestSample>,
+}
+
+/// One guest telemetry sample taken while a command ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestSample {
+    /// When it arrived.
+    pub at: SystemTime,
+    /// User CPU time since the command started, milliseconds.
+    pub cpu_user_ms: u64,
+    /// Kernel CPU time since the command started, milliseconds.
+    pub cpu_system_ms: u64,
+    /// Memory in use, KiB.
+    pub mem_used_kb: u64,
+    /// Processes in the guest.
+    pub processes: u32,
+}
+
+impl GuestSample {
+    /// Sample `t` relative to the snapshot taken before the command.
+    pub fn new(
+        before: &voidbox_protocol::Telemetry,
+        t: &voidbox_protocol::Telemetry,
+    ) -> GuestSample {
+        GuestSample {
+            at: SystemTime::now(),
+            cpu_user_ms: t.cpu_user_ms.saturating_sub(before.cpu_user_ms),
+            cpu_system_ms: t.cpu_system_ms.saturating_sub(before.cpu_system_ms),
+            mem_used_kb: t.mem_total_kb.saturating_sub(t.mem_available_kb),
+            processes: t.processes,
+        }
+    }
 }
 
 impl GuestUsage {
-    /// The usage between two snapshots (counters that went backwards count as zero).
+    /// The usage between the snapshots before and after the command, with the samples taken
+    /// in between (counters that went backwards count as zero).
     pub fn between(
         before: &voidbox_protocol::Telemetry,
         after: &voidbox_protocol::Telemetry,
+        samples: Vec<GuestSample>,
+        samples_taken: u64,
+        peak_kb: u64,
     ) -> GuestUsage {
+        let used = after.mem_total_kb.saturating_sub(after.mem_available_kb);
         GuestUsage {
             cpu_user_ms: after.cpu_user_ms.saturating_sub(before.cpu_user_ms),
             cpu_system_ms: after.cpu_system_ms.saturating_sub(before.cpu_system_ms),
-            mem_used_kb: after.mem_total_kb.saturating_sub(after.mem_available_kb),
+            mem_used_kb: used,
+            mem_peak_kb: peak_kb.max(used),
             mem_total_kb: after.mem_total_kb,
+            samples_taken,
+            samples,
         }
     }
 }

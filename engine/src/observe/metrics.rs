@@ -85,7 +85,7 @@ impl Instruments {
                 .u64_gauge("voidbox.guest.memory.usage")
                 .with_unit("By")
                 .with_description(
-                    "Guest memory in use when the node's command ended (guest telemetry)",
+                    "The most guest memory in use while the node's command ran (guest telemetry)",
                 )
                 .build(),
         }
@@ -130,7 +130,7 @@ impl Instruments {
                 self.guest_cpu.add(ms as f64 / 1000.0, &attrs);
             }
             self.guest_memory
-                .record(g.mem_used_kb.saturating_mul(1024), node);
+                .record(g.mem_peak_kb.saturating_mul(1024), node);
         }
     }
 

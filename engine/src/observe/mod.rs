@@ -560,6 +560,21 @@ impl Observer {
                         .end_with_timestamp(t.ended.unwrap_or(e).max(t.started));
                 }
             }
+            for g in a.guest.iter().flat_map(|g| g.samples.iter()) {
+                c.span().add_event_with_timestamp(
+                    "guest.telemetry",
+                    g.at,
+                    vec![
+                        KeyValue::new("voidbox.guest.cpu_user_ms", g.cpu_user_ms as i64),
+                        KeyValue::new("voidbox.guest.cpu_system_ms", g.cpu_system_ms as i64),
+                        KeyValue::new(
+                            "voidbox.guest.memory_used_bytes",
+                            g.mem_used_kb.saturating_mul(1024) as i64,
+                        ),
+                        KeyValue::new("voidbox.guest.processes", i64::from(g.processes)),
+                    ],
+                );
+            }
             for d in &a.net_denials {
                 c.span().add_event(
                     "network.denied",

@@ -182,6 +182,14 @@ pub fn exec(n: &PlanNode, a: &Attempt) -> (String, Vec<KeyValue>) {
             "voidbox.guest.memory_used_bytes",
             g.mem_used_kb.saturating_mul(1024) as i64,
         ));
+        v.push(KeyValue::new(
+            "voidbox.guest.memory_peak_bytes",
+            g.mem_peak_kb.saturating_mul(1024) as i64,
+        ));
+        v.push(KeyValue::new(
+            "voidbox.guest.samples",
+            g.samples_taken as i64,
+        ));
     }
     match (&n.action, &a.agent) {
         (Action::Agent(_), Some(ag)) => {

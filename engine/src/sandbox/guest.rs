@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
@@ -260,8 +261,22 @@ impl GuestConn {
     /// never deadlocks against us, and any size works.
     pub fn exec(
         &mut self,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, SandboxError> {
+        self.exec_sampled(req, on_output, None)
+    }
+
+    /// [`GuestConn::exec`], asking the guest for its [`Telemetry`] every `sampling.every`
+    /// while the command runs (from a second thread; each sample goes to
+    /// `sampling.on_sample` as it arrives).
+    ///
+    /// [`Telemetry`]: voidbox_protocol::Telemetry
+    pub fn exec_sampled(
+        &mut self,
         mut req: ExecRequest,
         on_output: &mut dyn FnMut(OutputStream, &[u8]),
+        sampling: Option<Sampling<'_>>,
     ) -> Result<ExecResult, SandboxError> {
         let id = self.ids.next_id();
         req.id = id;
@@ -274,53 +289,62 @@ impl GuestConn {
             .map(|s| Duration::from_secs(s.saturating_add(10)));
         self.set_timeout(host_timeout)?;
         self.send("exec", &Message::ExecRequest(req))?;
-        let Some(stdin) = streamed else {
-            return self.exec_replies(id, host_timeout, on_output);
-        };
-        let mut writer = self
-            .stream
-            .try_clone()
-            .map_err(SandboxError::io("cloning the guest connection for stdin"))?;
+        if streamed.is_none() && sampling.is_none() {
+            let r = exec_replies(&mut self.stream, id, host_timeout, on_output, None);
+            self.set_timeout(None)?;
+            return r;
+        }
+        // Frames from the stdin feeder and the sampler go through one lock, whole.
+        let writer = Mutex::new(
+            self.stream
+                .try_clone()
+                .map_err(SandboxError::io("cloning the guest connection for stdin"))?,
+        );
         let stop = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            let feeder = scope.spawn(|| feed_stdin(&mut writer, id, &stdin, &stop));
-            let result = self.exec_replies(id, host_timeout, on_output);
-            // The exec is over (or the connection is): stop feeding. A feeder stuck in a
-            // write to a dead exchange is released by closing the connection.
-            stop.store(true, Ordering::Release);
-            if result.is_err() && !feeder.is_finished() {
-                let _ = self.stream.shutdown(std::net::Shutdown::Both);
-            }
-            let _ = feeder.join();
-            result
-        })
-    }
-
-    /// Reads an exec's output chunks and its final reply.
-    fn exec_replies(
-        &mut self,
-        id: voidbox_protocol::RequestId,
-        host_timeout: Option<Duration>,
-        on_output: &mut dyn FnMut(OutputStream, &[u8]),
-    ) -> Result<ExecResult, SandboxError> {
-        let result = loop {
-            match self.recv_for("exec", id) {
-                Ok(Message::ExecOutputChunk(c)) => on_output(c.stream, &c.data),
-                Ok(Message::ExecResponse(r)) => break Ok(r),
-                Ok(Message::Error(e)) => {
-                    break Err(SandboxError::Guest {
-                        what: "exec".into(),
-                        code: e.code,
-                        message: e.message,
-                    })
-                }
-                Ok(other) => break Err(unexpected("exec", "ExecResponse", other)),
-                Err(SandboxError::Timeout(w, _)) => {
-                    break Err(SandboxError::Timeout(w, host_timeout.unwrap_or_default()))
-                }
-                Err(e) => break Err(e),
-            }
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let ids = &self.ids;
+        let stream = &mut self.stream;
+        let (every, on_sample) = match sampling {
+            Some(s) => (Some(s.every), Some(s.on_sample)),
+            None => (None, None),
         };
+        let result = std::thread::scope(|scope| {
+            let feeder = streamed
+                .as_ref()
+                .map(|stdin| scope.spawn(|| feed_stdin(&writer, id, stdin, &stop)));
+            let writer = &writer;
+            let sampler = every.map(|every| {
+                scope.spawn(move || {
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stop_rx.recv_timeout(every)
+                    {
+                        let m = Message::TelemetryRequest(voidbox_protocol::TelemetryRequest {
+                            id: ids.next_id(),
+                        });
+                        let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+                        if write_message(&mut *w, &m).is_err() {
+                            return;
+                        }
+                    }
+                })
+            });
+            let result = exec_replies(stream, id, host_timeout, on_output, on_sample);
+            // The exec is over (or the connection is): stop feeding and sampling. A writer
+            // stuck on a dead exchange is released by closing the connection.
+            stop.store(true, Ordering::Release);
+            drop(stop_tx);
+            let stuck = feeder.as_ref().is_some_and(|f| !f.is_finished());
+            if result.is_err() && stuck {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+            if let Some(f) = feeder {
+                let _ = f.join();
+            }
+            if let Some(s) = sampler {
+                let _ = s.join();
+            }
+            result
+        });
         self.set_timeout(None)?;
         result
     }
@@ -641,7 +665,12 @@ impl GuestConn {
 
 /// Sends `data` as `ExecStdin` frames for exec `id` (the last one flagged EOF) until done,
 /// `stop` is set or the connection fails.
-fn feed_stdin(w: &mut UnixStream, id: voidbox_protocol::RequestId, data: &[u8], stop: &AtomicBool) {
+fn feed_stdin(
+    w: &Mutex<UnixStream>,
+    id: voidbox_protocol::RequestId,
+    data: &[u8],
+    stop: &AtomicBool,
+) {
     let n = data.len().div_ceil(STDIN_CHUNK);
     for (i, chunk) in data.chunks(STDIN_CHUNK).enumerate() {
         if stop.load(Ordering::Acquire) {
@@ -652,8 +681,73 @@ fn feed_stdin(w: &mut UnixStream, id: voidbox_protocol::RequestId, data: &[u8], 
             eof: i + 1 == n,
             data: chunk.to_vec(),
         });
-        if write_message(w, &m).is_err() {
+        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+        if write_message(&mut *w, &m).is_err() {
             return;
+        }
+    }
+}
+
+/// Periodic guest telemetry during an exec ([`GuestConn::exec_sampled`]).
+pub struct Sampling<'a> {
+    /// Time between samples.
+    pub every: Duration,
+    /// Receives each sample.
+    pub on_sample: &'a mut dyn FnMut(voidbox_protocol::Telemetry),
+}
+
+/// Reads an exec's output chunks and its final reply; telemetry replies go to `on_sample`
+/// (any other message for another request is skipped, a bounded number of times in a row).
+fn exec_replies(
+    stream: &mut UnixStream,
+    id: voidbox_protocol::RequestId,
+    host_timeout: Option<Duration>,
+    on_output: &mut dyn FnMut(OutputStream, &[u8]),
+    mut on_sample: Option<&mut dyn FnMut(voidbox_protocol::Telemetry)>,
+) -> Result<ExecResult, SandboxError> {
+    let mut strays = 0usize;
+    loop {
+        let m = read_message(stream).map_err(|e| match e {
+            ProtocolError::Io(ref io)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                SandboxError::Timeout("exec".to_string(), host_timeout.unwrap_or_default())
+            }
+            e => protocol("exec", e),
+        })?;
+        if m.id() != id {
+            match (m, on_sample.as_mut()) {
+                (Message::Telemetry(t), Some(f)) => f(t),
+                _ => {
+                    strays += 1;
+                    if strays > MAX_STRAY_MESSAGES {
+                        return Err(protocol(
+                            "exec",
+                            ProtocolError::UnexpectedMessage {
+                                expected: "a reply to the request",
+                                got: "too many messages for other requests",
+                            },
+                        ));
+                    }
+                }
+            }
+            continue;
+        }
+        strays = 0;
+        match m {
+            Message::ExecOutputChunk(c) => on_output(c.stream, &c.data),
+            Message::ExecResponse(r) => return Ok(r),
+            Message::Error(e) => {
+                return Err(SandboxError::Guest {
+                    what: "exec".into(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            other => return Err(unexpected("exec", "ExecResponse", other)),
         }
     }
 }

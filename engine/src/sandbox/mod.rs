@@ -456,6 +456,17 @@ impl Sandbox {
         self.check("exec", r)
     }
 
+    /// [`Sandbox::exec`] with periodic guest telemetry ([`guest::GuestConn::exec_sampled`]).
+    pub fn exec_sampled(
+        &mut self,
+        req: ExecRequest,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]),
+        sampling: Option<guest::Sampling<'_>>,
+    ) -> Result<ExecResponse, SandboxError> {
+        let r = self.conn.exec_sampled(req, on_output, sampling);
+        self.check("exec", r)
+    }
+
     /// Runs an interactive session on a guest pseudo-terminal (see [`GuestConn::pty`]).
     pub fn pty(
         &mut self,
