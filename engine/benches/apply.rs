@@ -13,7 +13,7 @@
 //! (`VOIDBOX_BENCH_WIDTH`, default 2), all cold boots (skipped with
 //! `VOIDBOX_BENCH_SKIP_COLD=1`); then a chain of `VOIDBOX_BENCH_OBS_NODES` (default 3)
 //! nodes restored from the golden snapshot, run with export off and on, alternately
-//! (`VOIDBOX_BENCH_OBS_REPS` times each, default 2). This binary doubles as its own VMM.
+//! (`VOIDBOX_BENCH_OBS_REPS` times each, default 3). This binary doubles as its own VMM.
 
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
@@ -327,7 +327,7 @@ fn part1_observe(sink: &Result<Sink, String>) {
     };
     let settings = export_to(sink.port);
     println!(
-        "export on: traces + metrics over OTLP/HTTP (protobuf) to scripts/otlp_sink.py on 127.0.0.1:{}; runs interleaved off/on; the \"run\" is the scheduler only (Observer::start before it, end_run + shutdown after it)\n",
+        "export on: traces + metrics over OTLP/HTTP (protobuf) to scripts/otlp_sink.py on 127.0.0.1:{}; runs alternate off/on, medians\n",
         sink.port
     );
     println!("| plan | nodes | runs | run, off | run, on | per node, off | per node, on | added per node | CPU per node, off | CPU per node, on | CPU added per node | Observer::start | end_run + shutdown | spans received per run |");
@@ -650,6 +650,8 @@ struct NodeTimes {
     start: Vec<Duration>,
     command: Vec<Duration>,
     rest: Vec<Duration>,
+    provision: Vec<Duration>,
+    collect: Vec<Duration>,
     total: Vec<Duration>,
     restored: usize,
     guest_usage: usize,
@@ -669,6 +671,13 @@ impl NodeTimes {
             self.start.push(start);
             self.command.push(command);
             self.rest.push(total.saturating_sub(start + command));
+            let span = |ph: Option<(std::time::SystemTime, std::time::SystemTime)>| {
+                ph.and_then(|(s, e)| e.duration_since(s).ok())
+                    .unwrap_or_default()
+            };
+            self.provision
+                .push(span(a.and_then(|a| a.phases.provision)));
+            self.collect.push(span(a.and_then(|a| a.phases.collect)));
             self.total.push(total);
             self.restored += usize::from(a.and_then(|a| a.restored) == Some(true));
             self.guest_usage += usize::from(a.is_some_and(|a| a.guest.is_some()));
@@ -696,7 +705,7 @@ fn part2_observe(sink: &Result<Sink, String>) {
         }
     };
     let n = env_usize("VOIDBOX_BENCH_OBS_NODES", 3);
-    let reps = env_usize("VOIDBOX_BENCH_OBS_REPS", 2);
+    let reps = env_usize("VOIDBOX_BENCH_OBS_REPS", 3);
     let image = GuestImage::ensure(ProgressMode::Plain).unwrap_or_else(|e| panic!("{e}"));
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let off_exec = vm_executor(&image, logs.path(), true, false);
@@ -735,8 +744,8 @@ fn part2_observe(sink: &Result<Sink, String>) {
         on.spans.push(sink.received().0);
         on.add(&r, wall);
     }
-    println!("| export | nodes | restored | guest usage recorded | VM start | command | rest (host: files, telemetry, collect, teardown) | node total | run wall | end_run + shutdown | spans received per run |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| export | nodes | restored | guest usage recorded | VM start | command | rest (host) | … provision | … collect | node total | run wall | end_run + shutdown | spans received per run |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, t) in [("off", off), ("on", on)] {
         let count = t.total.len();
         let flush = if t.flushes.is_empty() {
@@ -751,18 +760,20 @@ fn part2_observe(sink: &Result<Sink, String>) {
             .collect::<Vec<_>>()
             .join("/");
         println!(
-            "| {label} | {count} ({reps} runs × {n}) | {}/{count} | {}/{count} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} s | {flush} | {} |",
+            "| {label} | {count} ({reps} runs × {n}) | {}/{count} | {}/{count} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} s | {flush} | {} |",
             t.restored,
             t.guest_usage,
             median(t.start).as_secs_f64() * 1e3,
             median(t.command).as_secs_f64() * 1e3,
             median(t.rest).as_secs_f64() * 1e3,
+            median(t.provision).as_secs_f64() * 1e3,
+            median(t.collect).as_secs_f64() * 1e3,
             median(t.total).as_secs_f64() * 1e3,
             median(t.walls).as_secs_f64(),
             if spans.is_empty() { "—".into() } else { spans },
         );
     }
-    println!("\n(medians per node; \"rest\" = node total − VM start − command)\n");
+    println!("\n(medians per node; \"rest\" = node total − VM start − command; with export on, the guest's telemetry is read at the end of provision and at the start of collect)\n");
 }
 
 fn main() {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
@@ -31,30 +31,25 @@ const SPAN_DELAY: Duration = Duration::from_secs(1);
 /// How often metrics are sent during a run (the last collection is sent at its end).
 const METRIC_INTERVAL: Duration = Duration::from_secs(15);
 
-/// Says once that exports fail; counts the failures.
-#[derive(Debug)]
+/// Says once per run that exports fail; counts the failures.
+#[derive(Debug, Default)]
 pub struct Warn {
-    target: String,
     warned: AtomicBool,
     failures: AtomicU64,
 }
 
 impl Warn {
-    /// For exports to `target` (shown in the warning).
-    pub fn new(target: String) -> Arc<Warn> {
-        Arc::new(Warn {
-            target,
-            warned: AtomicBool::new(false),
-            failures: AtomicU64::new(0),
-        })
+    /// A new one, shared by a run's exporters.
+    pub fn new() -> Arc<Warn> {
+        Arc::new(Warn::default())
     }
 
-    fn failed(&self, what: &str, why: &str) {
+    fn failed(&self, what: &str, target: &str, why: &str) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         if !self.warned.swap(true, Ordering::AcqRel) {
             eprintln!(
-                "voidbox: warning: cannot export {what} to {}: {why}; the run goes on without them (said once)",
-                self.target
+                "voidbox: warning: cannot export {what} to {target}: {why}; the run goes on without them (said once){}",
+                signal_hint(what, why)
             );
         }
     }
@@ -65,12 +60,33 @@ impl Warn {
     }
 }
 
+/// A hint for a collector that does not take `what` at all (HTTP 404/405, gRPC
+/// `Unimplemented`): Arize Phoenix, for one, takes traces only.
+fn signal_hint(what: &str, why: &str) -> String {
+    let absent = why.contains("status code: 404")
+        || why.contains("status code: 405")
+        || why.contains("Unimplemented")
+        || why.contains("unimplemented");
+    if absent && what != "traces" {
+        let var = if what == "metrics" {
+            "OTEL_METRICS_EXPORTER"
+        } else {
+            "OTEL_LOGS_EXPORTER"
+        };
+        format!("\n  help: this collector does not take {what} (Arize Phoenix takes traces only); set {var}=none, or send traces alone with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    } else {
+        String::new()
+    }
+}
+
 /// An exporter whose exports run on `rt` under `timeout`.
 #[derive(Debug)]
 pub struct OnRuntime<E> {
     inner: E,
     rt: Arc<tokio::runtime::Runtime>,
     timeout: Duration,
+    /// Where it sends (for the warning).
+    target: String,
     warn: Arc<Warn>,
 }
 
@@ -86,7 +102,7 @@ impl<E> OnRuntime<E> {
             }
         });
         if let Err(e) = &r {
-            self.warn.failed(what, &e.to_string());
+            self.warn.failed(what, &self.target, &e.to_string());
         }
         r
     }
@@ -145,6 +161,16 @@ pub fn export_runtime() -> Result<Arc<tokio::runtime::Runtime>, String> {
         .map_err(|e| format!("cannot start the OTLP export runtime: {e}"))
 }
 
+/// One quick retry: the exporter's default (3 retries with growing delays) makes every batch
+/// pending for a collector that is down cost ~0.85 s at the final flush.
+fn retry_policy() -> opentelemetry_otlp::RetryPolicy {
+    opentelemetry_otlp::RetryPolicy::recommended()
+        .with_max_retries(1)
+        .with_initial_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_millis(100))
+        .with_max_jitter(Duration::from_millis(20))
+}
+
 /// An HTTP client for OTLP/HTTP: rustls with the webpki and native roots, no redirects.
 fn http_client() -> Result<reqwest::Client, String> {
     let tls = crate::gateway::tls::client_config(None)?;
@@ -163,6 +189,41 @@ fn http_protocol(p: Protocol) -> opentelemetry_otlp::Protocol {
     }
 }
 
+/// Builds the OTLP exporter of one signal for `ep` from its builder (the three signals'
+/// builders are distinct types with the same methods), inside `rt` so that tonic's channel
+/// captures it, and wraps it to export on `rt`.
+macro_rules! otlp_exporter {
+    ($builder:expr, $what:literal, $ep:expr, $rt:expr, $timeout:expr, $warn:expr) => {{
+        let (ep, rt, timeout): (&Endpoint, &Arc<tokio::runtime::Runtime>, Duration) =
+            ($ep, $rt, $timeout);
+        let _guard = rt.enter();
+        let built = match ep.protocol {
+            Protocol::Grpc => $builder
+                .with_tonic()
+                .with_retry_policy(retry_policy())
+                .with_timeout(timeout)
+                .with_endpoint(ep.url.clone())
+                .build(),
+            p => $builder
+                .with_http()
+                .with_protocol(http_protocol(p))
+                .with_http_client(http_client()?)
+                .with_retry_policy(retry_policy())
+                .with_timeout(timeout)
+                .with_endpoint(ep.url.clone())
+                .build(),
+        };
+        let inner = built.map_err(|e| format!("OTLP {} exporter ({}): {e}", $what, ep.source))?;
+        Ok(OnRuntime {
+            inner,
+            rt: rt.clone(),
+            timeout,
+            target: format!("{} ({})", ep.url, ep.protocol.as_str()),
+            warn: $warn.clone(),
+        })
+    }};
+}
+
 /// The OTLP span exporter for `ep`, wrapped to run on `rt`.
 pub fn span_exporter(
     ep: &Endpoint,
@@ -170,62 +231,19 @@ pub fn span_exporter(
     timeout: Duration,
     warn: &Arc<Warn>,
 ) -> Result<OnRuntime<opentelemetry_otlp::SpanExporter>, String> {
-    // tonic's channel captures the runtime it is built in.
-    let _guard = rt.enter();
     let b = opentelemetry_otlp::SpanExporter::builder();
-    let built = match ep.protocol {
-        Protocol::Grpc => b
-            .with_tonic()
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-        p => b
-            .with_http()
-            .with_protocol(http_protocol(p))
-            .with_http_client(http_client()?)
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-    };
-    let inner = built.map_err(|e| format!("OTLP trace exporter ({}): {e}", ep.source))?;
-    Ok(OnRuntime {
-        inner,
-        rt: rt.clone(),
-        timeout,
-        warn: warn.clone(),
-    })
+    otlp_exporter!(b, "trace", ep, rt, timeout, warn)
 }
 
-/// The OTLP metric exporter for `ep`, wrapped to run on `rt`.
+/// The OTLP metric exporter for `ep` (cumulative), wrapped to run on `rt`.
 pub fn metric_exporter(
     ep: &Endpoint,
     rt: &Arc<tokio::runtime::Runtime>,
     timeout: Duration,
     warn: &Arc<Warn>,
 ) -> Result<OnRuntime<opentelemetry_otlp::MetricExporter>, String> {
-    let _guard = rt.enter();
     let b = opentelemetry_otlp::MetricExporter::builder().with_temporality(Temporality::Cumulative);
-    let built = match ep.protocol {
-        Protocol::Grpc => b
-            .with_tonic()
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-        p => b
-            .with_http()
-            .with_protocol(http_protocol(p))
-            .with_http_client(http_client()?)
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-    };
-    let inner = built.map_err(|e| format!("OTLP metric exporter ({}): {e}", ep.source))?;
-    Ok(OnRuntime {
-        inner,
-        rt: rt.clone(),
-        timeout,
-        warn: warn.clone(),
-    })
+    otlp_exporter!(b, "metric", ep, rt, timeout, warn)
 }
 
 /// The OTLP log exporter for `ep`, wrapped to run on `rt`.
@@ -235,29 +253,8 @@ pub fn log_exporter(
     timeout: Duration,
     warn: &Arc<Warn>,
 ) -> Result<OnRuntime<opentelemetry_otlp::LogExporter>, String> {
-    let _guard = rt.enter();
     let b = opentelemetry_otlp::LogExporter::builder();
-    let built = match ep.protocol {
-        Protocol::Grpc => b
-            .with_tonic()
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-        p => b
-            .with_http()
-            .with_protocol(http_protocol(p))
-            .with_http_client(http_client()?)
-            .with_timeout(timeout)
-            .with_endpoint(ep.url.clone())
-            .build(),
-    };
-    let inner = built.map_err(|e| format!("OTLP log exporter ({}): {e}", ep.source))?;
-    Ok(OnRuntime {
-        inner,
-        rt: rt.clone(),
-        timeout,
-        warn: warn.clone(),
-    })
+    otlp_exporter!(b, "log", ep, rt, timeout, warn)
 }
 
 /// The batch log processor for `exporter`: bounded queue, sent every second.

@@ -91,13 +91,10 @@ impl Observer {
             return Ok(None);
         }
         let resource = resource(&settings);
-        let target = |e: &config::Endpoint| format!("{} ({})", e.url, e.protocol.as_str());
-        let warn = settings
-            .endpoint
-            .as_ref()
-            .or(settings.metrics_endpoint.as_ref())
-            .or(settings.logs_endpoint.as_ref())
-            .map(|e| export::Warn::new(target(e)));
+        let warn = (settings.endpoint.is_some()
+            || settings.metrics_endpoint.is_some()
+            || settings.logs_endpoint.is_some())
+        .then(export::Warn::new);
         let rt = match (
             &settings.endpoint,
             &settings.metrics_endpoint,
