@@ -1,6 +1,7 @@
 """An OTLP/HTTP receiver for tests: POST /v1/metrics, /v1/logs and /v1/traces (protobuf) are decoded
 with the official OpenTelemetry protobuf definitions (opentelemetry-proto, in the Phoenix
-venv) and appended to OUT as one JSON object per line ({"signal": ..., "body": <OTLP JSON>}).
+venv) and appended to OUT as one JSON object per line
+({"signal": ..., "headers": {...}, "body": <OTLP JSON>}).
 
     python otlp_sink.py PORT OUT
 
@@ -44,7 +45,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(400, str(e))
             return
         with open(OUT, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"signal": name, "body": MessageToDict(msg)}) + "\n")
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            f.write(json.dumps({"signal": name, "headers": headers,
+                                "body": MessageToDict(msg)}) + "\n")
         data = response().SerializeToString()
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")

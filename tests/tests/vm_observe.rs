@@ -156,6 +156,10 @@ fn apply(dir: &Path, spec: &str, args: &[&str], env: &[(&str, String)]) -> Run {
         "OTEL_SERVICE_NAME",
         "OTEL_METRICS_EXPORTER",
         "OTEL_TRACES_EXPORTER",
+        "OTEL_LOGS_EXPORTER",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+        "OTEL_SDK_DISABLED",
     ] {
         cmd.env_remove(k);
     }
@@ -498,6 +502,8 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
                 format!("http://127.0.0.1:{sink_port}/v1/logs"),
             ),
             ("OTEL_LOGS_EXPORTER", "otlp".into()),
+            // The standard headers variable reaches the collector.
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-vbx-test=observed".into()),
             ("OTEL_SERVICE_NAME", project.clone()),
             ("TRACEPARENT", format!("00-{TRACE_ID}-{PARENT_ID}-01")),
         ],
@@ -571,6 +577,14 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
         mem.len() >= 3 && mem.iter().all(|v| *v > 1e6),
         "guest memory: {mem:?}"
     );
+
+    // Every request carried the headers of OTEL_EXPORTER_OTLP_HEADERS.
+    let sent = std::fs::read_to_string(&sink_out).unwrap();
+    assert!(sent.lines().count() >= 2);
+    for line in sent.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["headers"]["x-vbx-test"], "observed", "{}", v["signal"]);
+    }
 
     // Log records, each in the trace of the span it is about.
     let think = one(&spans, "node think");

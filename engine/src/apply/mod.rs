@@ -278,7 +278,8 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
                 code = 2;
             }
         }
-        if flushed.timed_out {
+        // One warning per run: a flush cut short after failed exports was already said.
+        if flushed.timed_out && flushed.export_failures == 0 {
             eprintln!(
                 "voidbox: warning: the telemetry not sent within {}s of the run's end was dropped",
                 crate::observe::config::FLUSH_BUDGET.as_secs()
