@@ -273,7 +273,13 @@ fn timeout_kills_whole_process_tree() {
         wait_for(Duration::from_secs(3), || !process_exists(grandchild)),
         "grandchild {grandchild} survived"
     );
-    assert!(zombies_of(agent.pid()).is_empty());
+    // The agent reaps on its own schedule (SIGCHLD); on a loaded host that takes a moment.
+    assert!(
+        wait_for(Duration::from_secs(3), || zombies_of(agent.pid())
+            .is_empty()),
+        "zombies left: {:?}",
+        zombies_of(agent.pid())
+    );
 }
 
 #[test]
