@@ -130,7 +130,7 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub no_snapshot: bool,
     /// Write the run's trace to FILE as OTLP JSON (with or without an OTLP collector).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "dry_run")]
     pub trace: Option<PathBuf>,
 }
 

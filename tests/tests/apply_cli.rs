@@ -135,3 +135,64 @@ fn a_bad_dns_upstream_is_a_usage_error_before_any_vm() {
         r.stdout
     );
 }
+
+/// Telemetry settings that cannot work are errors before anything starts (exit 2), in
+/// `apply` and `apply --dry-run` alike; `--trace` has nothing to write in a dry run.
+#[test]
+fn bad_telemetry_settings_are_usage_errors() {
+    let with = |vars: &[(&str, &str)], args: &[&str]| -> Run {
+        let mut c = std::process::Command::new(BIN);
+        c.args(args).current_dir(repo_root()).env("NO_COLOR", "1");
+        for k in [
+            "VOIDBOX_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
+            c.env_remove(k);
+        }
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap().into()
+    };
+    for dry in [true, false] {
+        let args: &[&str] = if dry {
+            &["apply", "--dry-run", "examples/fan-out.yaml"]
+        } else {
+            &["apply", "examples/fan-out.yaml"]
+        };
+        let r = with(&[("VOIDBOX_OTLP_ENDPOINT", "localhost:4317")], args);
+        assert_eq!(r.code, Some(2), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("VOIDBOX_OTLP_ENDPOINT=localhost:4317"),
+            "{}",
+            r.stderr
+        );
+        let r = with(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "udp"),
+            ],
+            args,
+        );
+        assert_eq!(r.code, Some(2), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL=udp"),
+            "{}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty());
+    }
+    let r = with(
+        &[],
+        &[
+            "apply",
+            "--dry-run",
+            "--trace",
+            "t.json",
+            "examples/fan-out.yaml",
+        ],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("--trace"), "{}", r.stderr);
+}
