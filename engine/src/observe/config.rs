@@ -91,9 +91,9 @@ impl Settings {
         !self.traces && !self.metrics && self.logs_endpoint.is_none()
     }
 
-    /// Metrics are exported (an endpoint is set and they are on).
-    pub fn exports_metrics(&self) -> bool {
-        self.metrics && self.metrics_endpoint.is_some()
+    /// Some signal is exported over OTLP.
+    pub fn exports(&self) -> bool {
+        self.endpoint.is_some() || self.metrics_endpoint.is_some() || self.logs_endpoint.is_some()
     }
 }
 

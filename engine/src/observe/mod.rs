@@ -61,8 +61,8 @@ pub struct Observer {
         opentelemetry_sdk::logs::SdkLoggerProvider,
         opentelemetry_sdk::logs::SdkLogger,
     )>,
-    warn: Option<Arc<export::Warn>>,
-    _rt: Option<Arc<tokio::runtime::Runtime>>,
+    /// The exports' runtime (kept alive for them) and the run's warning.
+    export: Option<(Arc<tokio::runtime::Runtime>, Arc<export::Warn>)>,
     stages: Vec<spans::Stage>,
     stage_of: Vec<usize>,
     open: Mutex<Open>,
@@ -91,24 +91,17 @@ impl Observer {
             return Ok(None);
         }
         let resource = resource(&settings);
-        let warn = (settings.endpoint.is_some()
-            || settings.metrics_endpoint.is_some()
-            || settings.logs_endpoint.is_some())
-        .then(export::Warn::new);
-        let rt = match (
-            &settings.endpoint,
-            &settings.metrics_endpoint,
-            &settings.logs_endpoint,
-        ) {
-            (None, None, None) => None,
-            _ => Some(export::export_runtime()?),
+        // Anything exported: the runtime the exports run on, and the run's one warning.
+        let export = match settings.exports() {
+            true => Some((export::export_runtime()?, export::Warn::new())),
+            false => None,
         };
         let mut collected = None;
         let tracer = if settings.traces {
             let mut b = SdkTracerProvider::builder()
                 .with_resource(resource.clone())
                 .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn);
-            if let (Some(ep), Some(rt), Some(w)) = (&settings.endpoint, &rt, &warn) {
+            if let (Some(ep), Some((rt, w))) = (&settings.endpoint, &export) {
                 let e = export::span_exporter(ep, rt, settings.export_timeout, w)?;
                 b = b.with_span_processor(export::batch_processor(e));
             }
@@ -123,8 +116,8 @@ impl Observer {
         } else {
             None
         };
-        let meters = match (&settings.metrics_endpoint, &rt, &warn) {
-            (Some(ep), Some(rt), Some(w)) => {
+        let meters = match (&settings.metrics_endpoint, &export) {
+            (Some(ep), Some((rt, w))) => {
                 let e = export::metric_exporter(ep, rt, settings.export_timeout, w)?;
                 let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
                     .with_resource(resource.clone())
@@ -136,8 +129,8 @@ impl Observer {
             }
             _ => None,
         };
-        let logs = match (&settings.logs_endpoint, &rt, &warn) {
-            (Some(ep), Some(rt), Some(w)) => {
+        let logs = match (&settings.logs_endpoint, &export) {
+            (Some(ep), Some((rt, w))) => {
                 let e = export::log_exporter(ep, rt, settings.export_timeout, w)?;
                 let provider = opentelemetry_sdk::logs::SdkLoggerProvider::builder()
                     .with_resource(resource.clone())
@@ -163,8 +156,7 @@ impl Observer {
             collected,
             meters,
             logs,
-            warn,
-            _rt: rt,
+            export,
             open: Mutex::new(Open {
                 stages: vec![None; stages.len()],
                 stage_left: stages.iter().map(|s| s.members.len()).collect(),
@@ -177,11 +169,6 @@ impl Observer {
         };
         obs.open_run(plan);
         Ok(Some(Arc::new(obs)))
-    }
-
-    /// The settings in force.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
     }
 
     /// The guest should be asked for telemetry (metrics are exported).
@@ -298,11 +285,8 @@ impl Observer {
         if let Some(p) = o.prepare.take() {
             p.span().end_with_timestamp(now);
         }
-        for (s, cx) in o.stages.iter_mut().enumerate() {
-            if let Some(cx) = cx.take() {
-                let _ = s;
-                cx.span().end_with_timestamp(now);
-            }
+        for cx in o.stages.iter_mut().filter_map(Option::take) {
+            cx.span().end_with_timestamp(now);
         }
         for (_, cx) in o.nodes.drain() {
             cx.span().end_with_timestamp(now);
@@ -381,7 +365,7 @@ impl Observer {
                 .flatten()
                 .any(|r| r.is_err() && std::time::Instant::now() >= deadline);
         });
-        out.export_failures = self.warn.as_ref().map_or(0, |w| w.failures());
+        out.export_failures = self.export.as_ref().map_or(0, |(_, w)| w.failures());
         if let (Some(path), Some(c)) = (&self.settings.trace_file, &self.collected) {
             let (spans, dropped) = c.take();
             if dropped > 0 {

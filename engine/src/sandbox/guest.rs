@@ -122,28 +122,12 @@ impl GuestConn {
         id: voidbox_protocol::RequestId,
     ) -> Result<Message, SandboxError> {
         for _ in 0..MAX_STRAY_MESSAGES {
-            let m = read_message(&mut self.stream).map_err(|e| match e {
-                ProtocolError::Io(ref io)
-                    if matches!(
-                        io.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    SandboxError::Timeout(during.to_string(), Duration::ZERO)
-                }
-                e => protocol(during, e),
-            })?;
+            let m = read_reply(&mut self.stream, during, Duration::ZERO)?;
             if m.id() == id {
                 return Ok(m);
             }
         }
-        Err(protocol(
-            during,
-            ProtocolError::UnexpectedMessage {
-                expected: "a reply to the request",
-                got: "too many messages for other requests",
-            },
-        ))
+        Err(too_many_strays(during))
     }
 
     fn set_timeout(&self, t: Option<Duration>) -> Result<(), SandboxError> {
@@ -707,30 +691,14 @@ fn exec_replies(
 ) -> Result<ExecResult, SandboxError> {
     let mut strays = 0usize;
     loop {
-        let m = read_message(stream).map_err(|e| match e {
-            ProtocolError::Io(ref io)
-                if matches!(
-                    io.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                SandboxError::Timeout("exec".to_string(), host_timeout.unwrap_or_default())
-            }
-            e => protocol("exec", e),
-        })?;
+        let m = read_reply(stream, "exec", host_timeout.unwrap_or_default())?;
         if m.id() != id {
             match (m, on_sample.as_mut()) {
                 (Message::Telemetry(t), Some(f)) => f(t),
                 _ => {
                     strays += 1;
                     if strays > MAX_STRAY_MESSAGES {
-                        return Err(protocol(
-                            "exec",
-                            ProtocolError::UnexpectedMessage {
-                                expected: "a reply to the request",
-                                got: "too many messages for other requests",
-                            },
-                        ));
+                        return Err(too_many_strays("exec"));
                     }
                 }
             }
@@ -750,6 +718,37 @@ fn exec_replies(
             other => return Err(unexpected("exec", "ExecResponse", other)),
         }
     }
+}
+
+/// Reads the next message; a read timeout (the socket's) is a [`SandboxError::Timeout`]
+/// saying `during` and `limit`.
+fn read_reply(
+    stream: &mut UnixStream,
+    during: &str,
+    limit: Duration,
+) -> Result<Message, SandboxError> {
+    read_message(stream).map_err(|e| match e {
+        ProtocolError::Io(ref io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            SandboxError::Timeout(during.to_string(), limit)
+        }
+        e => protocol(during, e),
+    })
+}
+
+/// More than [`MAX_STRAY_MESSAGES`] messages in a row for other requests.
+fn too_many_strays(during: &str) -> SandboxError {
+    protocol(
+        during,
+        ProtocolError::UnexpectedMessage {
+            expected: "a reply to the request",
+            got: "too many messages for other requests",
+        },
+    )
 }
 
 /// [`REKEY_ENTROPY_LEN`] bytes from the host's CSPRNG, zeroed on drop.
