@@ -269,3 +269,101 @@ fn old_layout_images_are_listed_but_never_booted() {
     let (code, _, err) = voidbox(root, &["rm", &m.hash[..12]]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// `voidbox image ARGS --cache-dir CACHE` with the bundle at `bundle` (`VOIDBOX_BUNDLE_DIR`).
+fn voidbox_bundled(cache: &Path, bundle: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_voidbox"))
+        .arg("image")
+        .args(args)
+        .arg("--cache-dir")
+        .arg(cache)
+        .env("VOIDBOX_BUNDLE_DIR", bundle)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every path under `dir`, sorted.
+fn tree(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            }
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn bundled_images_are_listed_and_verified_read_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, bundle) = (tmp.path().join("cache"), tmp.path().join("share/voidbox"));
+    let cached = put_image(&cache, b"\x7fELFagent-cached");
+    let bundled = put_image(&bundle, b"\x7fELFagent-bundled");
+    let before = tree(&bundle);
+
+    let (code, out, err) = voidbox_bundled(&cache, &bundle, &["ls", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let sources: Vec<(String, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["hash"].as_str().unwrap().to_string(),
+                i["source"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            (cached.clone(), "cache".into()),
+            (bundled.clone(), "bundled".into())
+        ]
+    );
+    let (code, out, _) = voidbox_bundled(&cache, &bundle, &["ls"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&bundled[..12]) && l.ends_with(" bundled")),
+        "{out}"
+    );
+
+    // `verify` checks bundled images too; a changed byte fails it.
+    let (code, out, err) = voidbox_bundled(&cache, &bundle, &["verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        2,
+        "{out}"
+    );
+    let disk = bundle.join("images").join(&bundled).join(SYSTEM_DISK_FILE);
+    let mut bytes = std::fs::read(&disk).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&disk, &bytes).unwrap();
+    let (code, out, _) = voidbox_bundled(&cache, &bundle, &["verify"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("FAILED {}", &bundled[..12])), "{out}");
+    // Nothing was written into the bundle (no locks, no scratch, no temp files).
+    assert_eq!(tree(&bundle), before);
+
+    // A bundle location that is not one is an error, not a silent kernel build.
+    let (code, _, err) = voidbox_bundled(&cache, &tmp.path().join("nope"), &["ls"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("VOIDBOX_BUNDLE_DIR") && err.contains("no images/"),
+        "{err}"
+    );
+}

@@ -934,21 +934,57 @@ fn snapshot_of_a_4_gib_guest_restores_memory_above_the_gap() {
 
 // ---- virtio-blk on the real guest kernel -------------------------------------------------
 
-/// The cached guest kernel (`voidbox image build` puts it under
+/// The cached guest kernel this host boots (`voidbox image build` puts it under
 /// `$XDG_CACHE_HOME/voidbox/images/<hash>/`, or `VOIDBOX_TEST_KERNEL`) and whether it needs
-/// the VMM's compat flags. Panics when there is none: these tests must not pass unrun.
+/// the VMM's compat flags: the newest image of the profile the host's KVM probe asks for
+/// (a `plain` kernel cannot boot where guest kernel code is emulated, nor `compat` one
+/// well on hardware), built from this tree's recipe (config fragments and patches). Panics
+/// when there is none: these tests must not pass unrun.
 fn guest_kernel() -> (PathBuf, bool) {
     if let Some(k) = std::env::var_os("VOIDBOX_TEST_KERNEL") {
         let compat = std::env::var("VOIDBOX_TEST_KERNEL_COMPAT").as_deref() != Ok("0");
         return (PathBuf::from(k), compat);
     }
+    let profile = match voidbox_vmm::probe::probe()
+        .expect("the host KVM probe failed")
+        .kind
+    {
+        voidbox_vmm::probe::HostKvm::Hardware => "plain",
+        voidbox_vmm::probe::HostKvm::EmulatedKernelMode => "compat",
+    };
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-agent/image");
+    let sha256 = |p: PathBuf| {
+        use sha2::Digest;
+        let text = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        sha2::Sha256::digest(text)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    // Whether every recorded fragment/patch is this tree's and every patch of the tree is there.
+    let current = |inputs: &Value| {
+        let same = |key: &str, dir: &str| {
+            inputs[key].as_array().is_some_and(|list| {
+                list.iter().all(|f| {
+                    f["name"].as_str().is_some_and(|n| {
+                        let p = recipe.join(dir).join(n);
+                        p.is_file() && f["sha256"].as_str() == Some(sha256(p).as_str())
+                    })
+                })
+            })
+        };
+        let patches = std::fs::read_dir(recipe.join("patches")).map_or(0, |d| d.count());
+        same("fragments", "config")
+            && same("patches", "patches")
+            && inputs["patches"].as_array().map(Vec::len) == Some(patches)
+    };
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .expect("neither XDG_CACHE_HOME nor HOME is set")
         .join("voidbox/images");
-    let mut found: Vec<(std::time::SystemTime, PathBuf, bool)> = std::fs::read_dir(&cache)
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&cache)
         .into_iter()
         .flatten()
         .flatten()
@@ -956,20 +992,23 @@ fn guest_kernel() -> (PathBuf, bool) {
             let m: Value =
                 serde_json::from_slice(&std::fs::read(e.path().join("manifest.json")).ok()?)
                     .ok()?;
+            if m["profile"] != profile || !current(&m["kernel_inputs"]) {
+                return None;
+            }
             let kernel = e.path().join(m["vmlinux"]["file"].as_str()?);
             let when = std::fs::metadata(&kernel).ok()?.modified().ok()?;
-            Some((when, kernel, m["profile"] == "compat"))
+            Some((when, kernel))
         })
         .collect();
     found.sort();
-    let (_, kernel, compat) = found.pop().unwrap_or_else(|| {
+    let (_, kernel) = found.pop().unwrap_or_else(|| {
         panic!(
-            "no cached guest kernel under {}: run `voidbox image build` first \
-             (or set VOIDBOX_TEST_KERNEL)",
+            "no cached {profile} guest kernel of this tree's recipe under {}: run \
+             `voidbox image build` first (or set VOIDBOX_TEST_KERNEL)",
             cache.display()
         )
     });
-    (kernel, compat)
+    (kernel, profile == "compat")
 }
 
 /// The host's busybox, which must be statically linked (Debian's `busybox-static`): it runs

@@ -81,6 +81,9 @@ pub fn image_check(
         },
         current,
     };
+    if let Some((check, current)) = bundled_image(profile) {
+        return finding(check, current);
+    }
     let root = match root {
         Ok(r) => r,
         Err(e) => return finding(no_root(IMAGE, e), None),
@@ -180,6 +183,43 @@ pub fn image_check(
         ),
     };
     finding(check, None)
+}
+
+/// The image bundled beside the executable for the host's profile, if there is one: ok
+/// when it matches its manifest (with its hash), a failure (reinstall) when it does not.
+fn bundled_image(profile: HostProfile) -> Option<(Check, Option<String>)> {
+    let want = profile?;
+    let usable = |i: &crate::image::cache::CachedImage| {
+        GuestImage::from_cached(&i.dir, &i.manifest).is_some()
+    };
+    let (check, hash) = match crate::image::bundle::find(want, usable) {
+        Ok(None) => return None,
+        Ok(Some(i)) => {
+            let m = &i.manifest;
+            (
+                Check::ok(
+                    IMAGE,
+                    format!(
+                        "image {} ({}, kernel {}), bundled in {} (verified)",
+                        m.hash.get(..12).unwrap_or(&m.hash),
+                        m.profile,
+                        m.kernel.release,
+                        i.dir.parent().unwrap_or(&i.dir).display()
+                    ),
+                ),
+                Some(m.hash.clone()),
+            )
+        }
+        Err(e) => (
+            Check::fail(
+                IMAGE,
+                format!("the bundled guest image is unusable: {e}"),
+                "reinstall voidbox (or unset VOIDBOX_BUNDLE_DIR)",
+            ),
+            None,
+        ),
+    };
+    Some((check, hash))
 }
 
 /// Is the runtimes disk of the pinned agent CLIs cached (no network)?

@@ -51,16 +51,42 @@ impl GuestImage {
         .filter(|g| g.vmlinux.is_file() && g.system_disk.is_file())
     }
 
-    /// The newest cached image of the profile this host needs that [`GuestImage::from_cached`]
-    /// accepts, without building anything ([`GuestImage::ensure`] builds the current one).
+    /// The image this host boots, without building anything ([`GuestImage::ensure`] builds
+    /// one when there is none), looked up in this order:
+    /// 1. `$VOIDBOX_GUEST_IMAGE`: pulled from that registry reference (an error, never a
+    ///    fallback, when it cannot be had or is of another profile);
+    /// 2. the image bundled beside the executable (verified against its manifest);
+    /// 3. the newest image in the user's cache.
+    ///
+    /// Each must be of the host's profile and accepted by [`GuestImage::from_cached`].
     pub fn cached() -> Result<Option<GuestImage>, SandboxError> {
+        Ok(GuestImage::locate()?.map(|(g, _)| g))
+    }
+
+    /// [`GuestImage::cached`], with where the image was found.
+    pub fn locate() -> Result<Option<(GuestImage, ImageSource)>, SandboxError> {
         let profile = image::resolve_profile(image::ProfileChoice::Auto).map_err(env)?;
         let cache = Cache::open(None).map_err(env)?;
+        let usable = |i: &image::cache::CachedImage| GuestImage::from_cached(&i.dir, &i.manifest);
+        if let Some(i) = image::registry::image_from_env(&cache, profile).map_err(env)? {
+            let g = usable(&i).ok_or_else(|| {
+                SandboxError::Environment(format!(
+                    "the image pulled for ${} ({}) is not one this voidbox boots (another recipe or layout)",
+                    image::registry::GUEST_IMAGE_ENV,
+                    i.dir.display()
+                ))
+            })?;
+            return Ok(Some((g, ImageSource::Registry)));
+        }
+        if let Some(i) = image::bundle::find(profile, |i| usable(i).is_some()).map_err(env)? {
+            return Ok(usable(&i).map(|g| (g, ImageSource::Bundled)));
+        }
         let (images, _broken) = cache.list().map_err(env)?;
         Ok(images
             .iter()
             .filter(|i| i.manifest.profile == profile)
-            .find_map(|i| GuestImage::from_cached(&i.dir, &i.manifest)))
+            .find_map(usable)
+            .map(|g| (g, ImageSource::Cached)))
     }
 
     /// The cached image, or one built now (minutes; progress on stderr per `progress`).
@@ -74,7 +100,10 @@ impl GuestImage {
         })
         .map_err(|e| {
             SandboxError::Environment(format!(
-                "no guest image, and building it failed: {e}\n  help: run `voidbox image build` and retry"
+                "no guest image for this host, and building one failed: {e}\n  help: use a prebuilt image instead — \
+                 install a voidbox release (tarball or `pip install`), or `voidbox image pull REF` / \
+                 set {}=REF; or run `voidbox image build` (needs root and Debian packages) and retry",
+                image::registry::GUEST_IMAGE_ENV
             ))
         })?;
         GuestImage::from_cached(&info.dir, &info.manifest).ok_or_else(|| {
@@ -84,6 +113,17 @@ impl GuestImage {
             ))
         })
     }
+}
+
+/// Where [`GuestImage::locate`] found the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Pulled from `$VOIDBOX_GUEST_IMAGE`.
+    Registry,
+    /// Shipped beside the executable.
+    Bundled,
+    /// The user's image cache.
+    Cached,
 }
 
 fn env(e: ImageError) -> SandboxError {

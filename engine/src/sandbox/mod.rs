@@ -34,7 +34,7 @@ use voidbox_vmm::config::{VmConfig, BASE_CMDLINE, COMPAT_CMDLINE};
 
 pub use error::{SandboxError, VmmExit};
 pub use guest::GuestConn;
-pub use image::GuestImage;
+pub use image::{GuestImage, ImageSource};
 pub use vmm_process::{VmmLauncher, VmmProcess, VMM_SUBCOMMAND};
 
 /// The VMM's exit code for a refused snapshot (corrupt, mismatched, unreadable).
