@@ -63,32 +63,7 @@ doc="$stage/share/doc/voidbox"
 cp README.md BENCHMARKS.md LICENSE "$doc/"
 cp /usr/share/common-licenses/GPL-2 "$doc/licenses/GPL-2"
 cargo metadata --format-version 1 --locked --filter-platform x86_64-unknown-linux-gnu \
-  | python3 -c '
-import json, sys
-m = json.load(sys.stdin)
-ws = set(m["workspace_members"])
-res = {n["id"]: n for n in m["resolve"]["nodes"]}
-# Crates linked into the shipped binaries: normal (not dev/build) dependencies, transitively.
-roots = [p["id"] for p in m["packages"] if p["name"] in ("voidbox", "voidbox-guest-agent")]
-seen, todo = set(), list(roots)
-while todo:
-    i = todo.pop()
-    if i in seen:
-        continue
-    seen.add(i)
-    for d in res[i]["deps"]:
-        if any(k["kind"] is None for k in d["dep_kinds"]):
-            todo.append(d["pkg"])
-pkgs = sorted((p for p in m["packages"] if p["id"] in seen and p["id"] not in ws),
-              key=lambda p: (p["name"], p["version"]))
-print("# Third-party software in voidbox\n")
-print("The guest images contain Linux (Debian linux-source-6.1) and BusyBox (Debian busybox-static),")
-print("both under the GNU GPL version 2 (licenses/GPL-2); their sources are Debian'"'"'s packages of")
-print("the versions recorded in each image'"'"'s manifest.json. The binaries link these Rust crates:\n")
-print("| crate | version | license |\n|---|---|---|")
-for p in pkgs:
-    print(f"| {p[\"name\"]} | {p[\"version\"]} | {p[\"license\"] or p.get(\"license_file\") or \"see crate\"} |")
-' >"$doc/THIRD-PARTY.md"
+  | python3 scripts/third_party.py >"$doc/THIRD-PARTY.md"
 
 echo "==> wheel data (scripts/wheel.sh packs it)" >&2
 mkdir -p dist/wheel-data/data/share dist/wheel-data/scripts

@@ -31,9 +31,10 @@ apt_install() {
 # tests/tests/vm_xstate.rs; erofs-utils + fakeroot make the guest's system disk and the OCI
 # image disks; docker-registry (a real OCI registry), skopeo, umoci, busybox-static and
 # python3 build and serve the OCI fixture images of the registry tests; dnsmasq-base is the
-# real resolver the network tests point the NAT's DNS upstream at.
+# real resolver the network tests point the NAT's DNS upstream at; acl (setfacl) grants the
+# release tests' fresh user /dev/kvm.
 apt_install graphviz gcc libc6-dev erofs-utils fakeroot musl bash-static docker-registry skopeo umoci tmux \
-  busybox-static python3 dnsmasq-base
+  busybox-static python3 dnsmasq-base acl
 
 # Arize Phoenix (pinned, in a venv under ~/.cache/voidbox) is the real OTLP receiver of
 # tests/tests/vm_observe.rs; python3-venv creates the venv.
@@ -48,6 +49,21 @@ if [ "${VOIDBOX_SKIP_VM_TESTS:-0}" != "1" ]; then
   echo "==> guest image (cached after the first build; the first build takes minutes)"
   target/release/voidbox image build
   target/release/voidbox image verify
+  # --- BEGIN plain profile under emulated SVM (owner: tests/tests/vm_plain_tcg.rs) ---
+  # QEMU (pure TCG, SVM CPU) runs Debian's stock kernel with kvm_amd as a "hardware" KVM
+  # host, where the test boots the `plain` image (the one hosts with VMX/SVM get) through
+  # scripts/tcg-l1.sh; dnsmasq-base is the L1's resolver, cpio packs its initramfs.
+  apt_install qemu-system-x86 cpio dnsmasq-base busybox-static
+  target/release/voidbox image build --profile plain --no-runtimes
+  # --- END plain profile under emulated SVM ---
+fi
+
+if [ "${VOIDBOX_SKIP_VM_TESTS:-0}" != "1" ]; then
+  # The release tarball and the Python wheel (both profiles' images bundled), which
+  # tests/tests/release_bundle.rs installs and runs as a fresh unprivileged user.
+  echo "==> release bundle and wheel"
+  ./scripts/release.sh >/dev/null
+  ./scripts/wheel.sh >/dev/null
 fi
 
 echo "==> cargo test"

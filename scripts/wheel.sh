@@ -2,7 +2,11 @@
 # Builds the Python wheel dist/voidbox-VERSION-py3-none-manylinux_*_x86_64.whl (maturin,
 # `bindings = "bin"`, packaging/python/pyproject.toml) from the tree scripts/release.sh left in
 # dist/wheel-data, then checks it with `twine check` and `auditwheel show`. Prints its path.
-# maturin, twine and auditwheel are installed pinned into a venv under ~/.cache/voidbox.
+# maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox.
+#
+# maturin builds the same `cargo build --release -p voidbox` unit the rest of the tree uses
+# (no rustc flags of its own, so nothing is recompiled); the binary is stripped afterwards
+# with `wheel unpack` / `strip` / `wheel pack`, which rewrites the wheel's RECORD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d dist/wheel-data/data/share/voidbox/images ]; then
@@ -10,13 +14,19 @@ if [ ! -d dist/wheel-data/data/share/voidbox/images ]; then
   exit 1
 fi
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/voidbox/wheel-tools"
-if [ ! -x "$tools/bin/auditwheel" ]; then
+if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-1" ]; then
   echo "==> maturin, twine, auditwheel (into $tools)" >&2
   python3 -m venv "$tools"
-  "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" >&2
+  "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" "wheel==0.48.0" >&2
+  touch "$tools/.voidbox-pins-1"
 fi
 rm -f dist/voidbox-*.whl
-"$tools/bin/maturin" build --release -m packaging/python/pyproject.toml --out dist >&2
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+(cd packaging/python && "$tools/bin/maturin" build --release --out "$work/built") >&2
+"$tools/bin/python" -m wheel unpack --dest "$work/unpacked" "$work"/built/voidbox-*.whl >&2
+strip "$work"/unpacked/voidbox-*/voidbox-*.data/scripts/voidbox
+"$tools/bin/python" -m wheel pack --dest-dir dist "$work"/unpacked/voidbox-* >&2
 wheel="$(ls dist/voidbox-*.whl)"
 "$tools/bin/twine" check --strict "$wheel" >&2
 "$tools/bin/auditwheel" show "$wheel" >&2

@@ -47,6 +47,7 @@
 
 #![warn(missing_docs)]
 
+pub mod artifact;
 pub mod auth;
 pub mod boot;
 mod config;

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod build;
+pub mod bundle;
 pub mod cache;
 pub mod cpio;
 pub mod deps;
@@ -19,6 +20,7 @@ pub mod layout;
 pub mod manifest;
 pub mod progress;
 pub mod recipe;
+pub mod registry;
 pub mod verify;
 
 use std::path::{Path, PathBuf};
@@ -226,6 +228,41 @@ pub enum ImageCommand {
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
     },
+    /// Push a cached guest image to an OCI registry as an artifact (prints its digest).
+    Push {
+        /// Where to push: `registry/repository[:tag]`.
+        reference: String,
+        /// Hash prefix of the image (default: the newest usable one of `--profile`).
+        hash: Option<String>,
+        /// Profile of the image to push when no hash is given; `auto` probes the host's KVM.
+        #[arg(long, value_enum, default_value_t = ProfileChoice::Auto)]
+        profile: ProfileChoice,
+        /// A registry (`host[:port]`) that may be spoken to over plain HTTP (loopback ones
+        /// always are); repeatable.
+        #[arg(long = "insecure-registry", value_name = "HOST", value_parser = crate::oci::parse_registry_host)]
+        insecure_registries: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Pull a guest image artifact from an OCI registry into the cache (verified in full).
+    Pull {
+        /// What to pull: `registry/repository[:tag]` or `registry/repository@sha256:…`.
+        reference: String,
+        /// A registry (`host[:port]`) that may be spoken to over plain HTTP (loopback ones
+        /// always are); repeatable.
+        #[arg(long = "insecure-registry", value_name = "HOST", value_parser = crate::oci::parse_registry_host)]
+        insecure_registries: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Cache root.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
     /// Probe the host's KVM (hardware or emulated guest kernel mode) and the profile it needs.
     Probe {
         /// Output format.
@@ -304,14 +341,24 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
         }
         ImageCommand::Ls { format, cache_dir } => {
             let cache = Cache::open(cache_dir.as_deref())?;
-            let (images, broken) = cache.list()?;
+            let (mut images, mut broken) = cache.list()?;
+            let cached = images.len();
+            // Images bundled beside the executable (read-only; listed after the cache's).
+            if let Some(b) = bundle::cache()? {
+                let (more, bad) = b.list()?;
+                images.extend(more);
+                broken.extend(bad);
+            }
+            let source = |i: usize| if i < cached { "cache" } else { "bundled" };
             match format {
                 Format::Json => {
                     let v: Vec<_> = images
                         .iter()
-                        .map(|i| {
+                        .enumerate()
+                        .map(|(n, i)| {
                             serde_json::json!({
                                 "hash": i.manifest.hash,
+                                "source": source(n),
                                 "dir": i.dir,
                                 "profile": i.manifest.profile,
                                 "kernel_release": i.manifest.kernel.release,
@@ -331,10 +378,10 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                         eprintln!("no cached images in {}", cache.images_dir().display());
                     } else {
                         println!(
-                            "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8}",
+                            "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} SOURCE",
                             "HASH", "PROFILE", "KERNEL", "VMLINUX", "SYSTEM DISK", "AGE"
                         );
-                        for i in &images {
+                        for (n, i) in images.iter().enumerate() {
                             let m = &i.manifest;
                             let disk = match &m.system_disk {
                                 Some(d) => human_size(d.size),
@@ -342,13 +389,14 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                                 None => "old layout".to_string(),
                             };
                             println!(
-                                "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8}",
-                                &m.hash[..12],
+                                "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} {}",
+                                m.hash.get(..12).unwrap_or(&m.hash),
                                 m.profile.as_str(),
                                 m.kernel.release,
                                 human_size(m.vmlinux.size),
                                 disk,
-                                human_age(age(m.created_unix))
+                                human_age(age(m.created_unix)),
+                                source(n)
                             );
                         }
                     }
@@ -395,14 +443,28 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
         } => {
             let cache = Cache::open(cache_dir.as_deref())?;
             let implicit = hashes.is_empty();
-            let targets = if implicit {
+            let mut targets: Vec<(String, PathBuf)> = if implicit {
                 cache.find("")?
             } else {
                 hashes
                     .iter()
                     .map(|h| cache.resolve(h))
                     .collect::<Result<Vec<_>, _>>()?
-            };
+            }
+            .into_iter()
+            .map(|h| {
+                let dir = cache.image_dir(&h);
+                (h, dir)
+            })
+            .collect();
+            // Every bundled image too (they are read-only; a damaged one means reinstalling).
+            if implicit {
+                if let Some(b) = bundle::cache()? {
+                    for h in b.find("")? {
+                        targets.push((h.clone(), b.image_dir(&h)));
+                    }
+                }
+            }
             if targets.is_empty() {
                 return Err(ImageError::NotFound(format!(
                     "no cached images in {} (run `voidbox image build`)",
@@ -412,27 +474,25 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
             let mut failed = 0;
             let mut out = Vec::new();
             let tmp = cache.tmp_dir()?;
-            for h in targets {
+            for (h, dir) in targets {
                 // Images of the old layout, or made by an older builder, are never booted by
                 // this voidbox: verifying "all" reports them as stale (they are unused, not
                 // corrupt); naming one still verifies it against today's layout.
-                let stale = manifest::Manifest::load(&cache.image_dir(&h))
-                    .ok()
-                    .and_then(|m| {
-                        if m.format == manifest::LEGACY_FORMAT {
-                            Some("old layout (kernel + initramfs)")
-                        } else if m.inputs.builder_version != recipe::BUILDER_VERSION {
-                            Some("made by an older image builder")
-                        } else {
-                            None
-                        }
-                    });
+                let stale = manifest::Manifest::load(&dir).ok().and_then(|m| {
+                    if m.format == manifest::LEGACY_FORMAT {
+                        Some("old layout (kernel + initramfs)")
+                    } else if m.inputs.builder_version != recipe::BUILDER_VERSION {
+                        Some("made by an older image builder")
+                    } else {
+                        None
+                    }
+                });
                 if let (true, Some(why)) = (implicit, stale) {
                     if format == Format::Human {
                         println!(
                             "stale {}: {why}, never booted; remove it with `voidbox image rm {}`",
-                            &h[..12],
-                            &h[..12]
+                            h.get(..12).unwrap_or(&h),
+                            h.get(..12).unwrap_or(&h)
                         );
                     }
                     out.push(serde_json::json!({"hash": h, "ok": true, "stale": true}));
@@ -442,7 +502,7 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                     .prefix("verify-")
                     .tempdir_in(&tmp)
                     .map_err(ImageError::io(&tmp))?;
-                match verify::verify_dir(&cache.image_dir(&h), scratch.path()) {
+                match verify::verify_dir(&dir, scratch.path()) {
                     Ok(r) => {
                         let disk_size = r.manifest.system_disk.as_ref().map(|a| a.size);
                         if format == Format::Human {
@@ -489,15 +549,53 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                 ExitCode::from(1)
             })
         }
+        ImageCommand::Push {
+            reference,
+            hash,
+            profile,
+            insecure_registries,
+            format,
+            cache_dir,
+        } => registry::cli_push(
+            &reference,
+            hash.as_deref(),
+            profile,
+            &insecure_registries,
+            format,
+            cache_dir.as_deref(),
+        ),
+        ImageCommand::Pull {
+            reference,
+            insecure_registries,
+            format,
+            cache_dir,
+        } => registry::cli_pull(
+            &reference,
+            &insecure_registries,
+            format,
+            cache_dir.as_deref(),
+        ),
         ImageCommand::Probe { format } => {
             let r = probe::probe()?;
             let profile = profile_for(r.kind);
+            // The image `apply`/`run` would boot here, and where it comes from (a CI cache
+            // key); none yet means the first run builds (or pulls) it.
+            let image = crate::sandbox::GuestImage::locate()
+                .map_err(|e| ImageError::Environment(e.to_string()))?;
+            let source = |s| match s {
+                crate::sandbox::ImageSource::Registry => "registry",
+                crate::sandbox::ImageSource::Bundled => "bundled",
+                crate::sandbox::ImageSource::Cached => "cache",
+            };
             match format {
                 Format::Json => println!(
                     "{}",
                     serde_json::json!({
                         "kvm": r.kind.to_string(),
                         "profile": profile,
+                        "image": image.as_ref().map(|(g, s)| serde_json::json!({
+                            "hash": g.hash, "source": source(*s), "vmlinux": g.vmlinux,
+                        })),
                         "cpl0_ns_per_instruction": r.cpl0_ns_per_insn,
                         "loop_ms": r.loop_time.as_secs_f64() * 1e3,
                         "popcnt_conclusive": r.popcnt_conclusive,
@@ -505,7 +603,13 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                     })
                 ),
                 Format::Human => {
-                    println!("{} → profile {profile} ({})", r.kind, describe_probe(&r))
+                    println!("{} → profile {profile} ({})", r.kind, describe_probe(&r));
+                    match &image {
+                        Some((g, s)) => println!("image {} ({})", g.hash, source(*s)),
+                        None => println!(
+                            "no {profile} image yet: the first run builds it (`voidbox image build`)"
+                        ),
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
