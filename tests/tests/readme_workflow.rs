@@ -1,0 +1,56 @@
+//! The GitHub Actions workflow in the README's "In GitHub Actions" section is one a user can
+//! paste: actionlint (pinned in the wheel tools' venv, which scripts/wheel.sh makes) finds
+//! nothing wrong with it — syntax, expressions, step outputs, shell scripts and action
+//! versions included.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use voidbox_tests::repo_root;
+
+/// The first ```yaml block after the section heading.
+fn readme_workflow() -> String {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split_once("### In GitHub Actions")
+        .expect("README has an \"In GitHub Actions\" section")
+        .1;
+    let block = section
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("a ```yaml block in that section")
+        .0;
+    block.to_string()
+}
+
+#[test]
+fn the_readme_github_actions_workflow_passes_actionlint() {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("HOME");
+    let actionlint = cache.join("voidbox/wheel-tools/bin/actionlint");
+    assert!(
+        actionlint.is_file(),
+        "{} missing: run scripts/wheel.sh (scripts/test.sh does)",
+        actionlint.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflows = dir.path().join(".github/workflows");
+    std::fs::create_dir_all(&workflows).expect("mkdir");
+    let jobs = readme_workflow();
+    assert!(jobs.contains("voidbox apply") && jobs.contains("--junit"), "{jobs}");
+    let file = workflows.join("voidbox.yml");
+    std::fs::write(&file, format!("name: voidbox\non: [push]\n{jobs}")).expect("write");
+    let out = Command::new(&actionlint)
+        .arg(&file)
+        .current_dir(dir.path())
+        .output()
+        .expect("run actionlint");
+    assert!(
+        out.status.success(),
+        "actionlint rejects the README's workflow:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
