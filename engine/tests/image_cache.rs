@@ -6,110 +6,25 @@ use std::path::Path;
 use std::process::Command;
 
 use voidbox::image::manifest::{
-    content_hash, sha256_hex, Artifact, ImageInputs, KernelInputs, KernelManifest, Manifest,
-    AGENT_FILE, CONFIG_FILE, FORMAT, INITRAMFS_FILE, LEGACY_FORMAT, MANIFEST_FILE,
-    SYSTEM_DISK_FILE, VMLINUX_FILE,
+    content_hash, sha256_hex, Artifact, Manifest, INITRAMFS_FILE, LEGACY_FORMAT, MANIFEST_FILE,
+    SYSTEM_DISK_FILE,
 };
-use voidbox::image::{erofs, layout, recipe, Profile};
-
-/// ELF64 x86-64 executable header + one PT_NOTE with a PVH entry note.
-fn fake_vmlinux() -> Vec<u8> {
-    let mut b = vec![0u8; 64 + 56];
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = 2;
-    b[5] = 1;
-    b[16..18].copy_from_slice(&2u16.to_le_bytes());
-    b[18..20].copy_from_slice(&62u16.to_le_bytes());
-    b[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes());
-    b[32..40].copy_from_slice(&64u64.to_le_bytes());
-    b[54..56].copy_from_slice(&56u16.to_le_bytes());
-    b[56..58].copy_from_slice(&1u16.to_le_bytes());
-    let mut note = Vec::new();
-    for v in [4u32, 4, 18] {
-        note.extend(v.to_le_bytes());
-    }
-    note.extend(b"Xen\0");
-    note.extend(0x100_0500u32.to_le_bytes());
-    let off = b.len() as u64;
-    b[64..68].copy_from_slice(&4u32.to_le_bytes());
-    b[72..80].copy_from_slice(&off.to_le_bytes());
-    b[96..104].copy_from_slice(&(note.len() as u64).to_le_bytes());
-    b.extend(note);
-    b
-}
+use voidbox::image::recipe;
+use voidbox::image::testing::FakeImage;
 
 /// Writes a complete image into `root/images/<hash>` and returns the hash.
 fn put_image(root: &Path, agent: &[u8]) -> String {
     put_image_built_by(root, agent, recipe::BUILDER_VERSION)
 }
 
-/// [`put_image`] as made by image builder `builder_version`.
+/// [`put_image`] as made by image builder `builder_version` (kernel inputs naming no recipe).
 fn put_image_built_by(root: &Path, agent: &[u8], builder_version: u32) -> String {
-    let applets: Vec<String> = voidbox::image::recipe::REQUIRED_APPLETS
-        .iter()
-        .map(|a| format!("bin/{a}"))
-        .collect();
-    let tree = layout::build(agent, b"\x7fELFbusybox", &applets).unwrap();
-    let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
-    let kin = KernelInputs {
+    FakeImage {
         builder_version,
-        profile: Profile::Compat,
-        source_package: "linux-source-6.1 test".into(),
-        compiler: "gcc test".into(),
-        kcflags: None,
-        fragments: vec![],
-        patches: vec![],
-    };
-    let inputs = ImageInputs {
-        builder_version,
-        kernel_inputs_hash: content_hash(&kin),
-        guest_agent_sha256: sha256_hex(agent),
-        mock_llm_sha256: None,
-        busybox_sha256: sha256_hex(b"bb"),
-        busybox_version: "test".into(),
-        strip: "test".into(),
-        erofs_utils_version: Some("test".into()),
-    };
-    let hash = content_hash(&inputs);
-    let dir = root.join("images").join(&hash);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join(VMLINUX_FILE), fake_vmlinux()).unwrap();
-    let scratch = tempfile::tempdir().unwrap();
-    erofs::build(&tree, scratch.path(), &dir.join(SYSTEM_DISK_FILE))
-        .expect("mkfs.erofs is needed (Debian: erofs-utils)");
-    std::fs::write(dir.join(AGENT_FILE), agent).unwrap();
-    std::fs::write(dir.join(CONFIG_FILE), config).unwrap();
-    let m = Manifest {
-        format: FORMAT,
-        hash: hash.clone(),
-        profile: Profile::Compat,
-        cmdline: recipe::image_cmdline(Profile::Compat),
-        kernel: KernelManifest {
-            release: "6.1.0-test".into(),
-            source_package: kin.source_package.clone(),
-            config_sha256: sha256_hex(config.as_bytes()),
-            patches: vec![],
-            compiler: kin.compiler.clone(),
-            kcflags: None,
-            inputs_hash: inputs.kernel_inputs_hash.clone(),
-            build_seconds: 0.0,
-        },
-        guest_agent_sha256: inputs.guest_agent_sha256.clone(),
-        init_sha256: sha256_hex(agent),
-        busybox_version: "test".into(),
-        path_programs: Some(layout::path_programs(&tree)),
-        vmlinux: Artifact::of(&dir, VMLINUX_FILE).unwrap(),
-        initramfs: None,
-        system_disk: Some(Artifact::of(&dir, SYSTEM_DISK_FILE).unwrap()),
-        agent: Some(Artifact::of(&dir, AGENT_FILE).unwrap()),
-        config: Artifact::of(&dir, CONFIG_FILE).unwrap(),
-        inputs,
-        kernel_inputs: kin,
-        build_seconds: 1.0,
-        created_unix: 1,
-    };
-    std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
-    hash
+        recipe_kernel: false,
+        ..FakeImage::new(agent)
+    }
+    .write(root)
 }
 
 /// Loads, edits and rewrites the manifest of image `hash`.

@@ -9,25 +9,19 @@
 //! descriptor announced), blob uploads (skipped when the registry already has the blob) and
 //! manifest uploads. Transport and credentials follow the rest of the crate: plain HTTP only
 //! for loopback registries or those listed as insecure ([`crate::plain_http_allowed`]),
-//! credentials from [`crate::auth::credentials_for`], scrubbed from every error.
+//! credentials from [`crate::auth::credentials_for`], scrubbed from every error (the
+//! connection, error sorting and verified downloads are shared with image pulls).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, RegistryOperation};
+use oci_client::RegistryOperation;
 use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
 use tokio::io::AsyncWrite;
 
-use crate::auth::{credentials_for, Credentials};
+use crate::connection::{Connection, VerifyingWriter};
 use crate::error::OciError;
-use crate::options::plain_http_allowed;
 use crate::reference::{Digest, ImageRef};
 
 /// Media type of an OCI image manifest (the only manifest kind artifacts use here).
@@ -185,30 +179,20 @@ pub enum Access {
 
 /// A connection to the repository of one reference, authenticated for [`Access`].
 pub struct ArtifactRemote {
-    client: Client,
-    image: ImageRef,
-    creds: Option<Credentials>,
+    conn: Connection,
 }
 
 impl std::fmt::Debug for ArtifactRemote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ArtifactRemote")
-            .field("image", &self.image.given())
-            .field("creds", &self.creds)
+            .field("image", &self.conn.image.given())
+            .field("creds", &self.conn.creds)
             .finish()
     }
 }
 
-/// Installs rustls' ring provider as the process default (once; a provider installed by
-/// someone else is left alone).
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
 impl ArtifactRemote {
-    /// Connects to the registry of `image` (plain HTTP only where [`plain_http_allowed`] says
+    /// Connects to the registry of `image` (plain HTTP only where [`crate::plain_http_allowed`] says
     /// so, given `insecure`) and authenticates for `access`. An unreachable registry is
     /// [`OciError::Unreachable`].
     pub async fn connect(
@@ -216,59 +200,26 @@ impl ArtifactRemote {
         access: Access,
         insecure: &[String],
     ) -> Result<ArtifactRemote, OciError> {
-        ensure_crypto_provider();
-        let registry = image.registry().to_string();
-        let protocol = if plain_http_allowed(&registry, insecure) {
-            ClientProtocol::HttpsExcept(vec![registry.clone()])
-        } else {
-            ClientProtocol::Https
-        };
-        let config = ClientConfig {
-            protocol,
-            connect_timeout: Some(std::time::Duration::from_secs(30)),
-            read_timeout: Some(std::time::Duration::from_secs(300)),
-            ..Default::default()
-        };
-        let creds = credentials_for(&registry)?;
-        let client = Client::try_from(config).map_err(|e| OciError::Registry {
-            registry: registry.clone(),
-            reason: format!("cannot build the HTTP client: {e}"),
-        })?;
-        let remote = ArtifactRemote {
-            client,
-            image: image.clone(),
-            creds,
-        };
         let op = match access {
             Access::Pull => RegistryOperation::Pull,
             Access::Push => RegistryOperation::Push,
         };
-        remote
-            .client
-            .auth(image.oci(), &remote.auth(), op)
-            .await
-            .map_err(|e| remote.map_err(e, "authentication"))?;
-        Ok(remote)
+        let conn = Connection::connect(image, insecure, op, "transferring").await?;
+        Ok(ArtifactRemote { conn })
     }
 
     /// The reference this connection is for.
     pub fn image(&self) -> &ImageRef {
-        &self.image
-    }
-
-    fn auth(&self) -> RegistryAuth {
-        self.creds
-            .as_ref()
-            .map(Credentials::to_registry_auth)
-            .unwrap_or(RegistryAuth::Anonymous)
+        &self.conn.image
     }
 
     /// The digest the reference resolves to now (a `HEAD` of the manifest; a `GET` when the
     /// registry sends no digest header). A pinned reference must resolve to its own digest.
     pub async fn resolve_digest(&self) -> Result<Digest, OciError> {
         let got = self
+            .conn
             .client
-            .fetch_manifest_digest(self.image.oci(), &self.auth())
+            .fetch_manifest_digest(self.conn.image.oci(), &self.conn.auth())
             .await
             .map_err(|e| self.map_err(e, "manifest"))?;
         let got = Digest::parse(&got).map_err(|e| self.spec(e))?;
@@ -280,10 +231,11 @@ impl ArtifactRemote {
     /// body over `max` bytes. (Whatever kind of manifest it is: [`ArtifactManifest::parse`]
     /// says whether it is an artifact.)
     pub async fn fetch_manifest(&self, digest: &Digest, max: u64) -> Result<Vec<u8>, OciError> {
-        let reference = self.image.at_digest(digest);
+        let reference = self.conn.image.at_digest(digest);
         let (body, _) = self
+            .conn
             .client
-            .pull_manifest_raw(&reference, &self.auth(), ACCEPT)
+            .pull_manifest_raw(&reference, &self.conn.auth(), ACCEPT)
             .await
             .map_err(|e| self.map_err(e, "manifest"))?;
         if body.len() as u64 > max {
@@ -306,17 +258,7 @@ impl ArtifactRemote {
     /// Downloads blob `desc` into memory (verified); `what` names it in errors.
     pub async fn blob_to_vec(&self, desc: &Descriptor, what: &str) -> Result<Vec<u8>, OciError> {
         let digest = desc.parsed_digest().map_err(|e| self.spec(e))?;
-        let mut buf = Vec::new();
-        let mut w = BoundedHasher::new(&mut buf, desc.size);
-        let r = self
-            .client
-            .pull_blob(self.image.oci(), &desc.to_oci(), &mut w)
-            .await;
-        if let Err(e) = r {
-            return Err(self.map_blob_err(e, &w, what));
-        }
-        w.check(&digest, what)?;
-        Ok(buf)
+        self.pull_blob(desc, &digest, Vec::new(), what).await
     }
 
     /// Streams blob `desc` into a new file `dest`, hashing as the bytes arrive and refusing
@@ -332,20 +274,11 @@ impl ArtifactRemote {
         let file = tokio::fs::File::create(dest)
             .await
             .map_err(|e| OciError::io(format!("creating {}", dest.display()), e))?;
-        let mut w = BoundedHasher::new(file, desc.size);
-        let r = self
-            .client
-            .pull_blob(self.image.oci(), &desc.to_oci(), &mut w)
-            .await;
-        if let Err(e) = r {
-            return Err(self.map_blob_err(e, &w, what));
-        }
-        w.check(&digest, what)?;
-        tokio::io::AsyncWriteExt::flush(&mut w.inner)
+        let mut file = self.pull_blob(desc, &digest, file, what).await?;
+        tokio::io::AsyncWriteExt::flush(&mut file)
             .await
             .map_err(|e| OciError::io(format!("writing {}", dest.display()), e))?;
-        w.inner
-            .sync_all()
+        file.sync_all()
             .await
             .map_err(|e| OciError::io(format!("syncing {}", dest.display()), e))
     }
@@ -363,15 +296,17 @@ impl ArtifactRemote {
         }
         let what = format!("blob {digest}");
         if self
+            .conn
             .client
-            .blob_exists(self.image.oci(), digest.as_str())
+            .blob_exists(self.conn.image.oci(), digest.as_str())
             .await
             .map_err(|e| self.map_err(e, &what))?
         {
             return Ok(false);
         }
-        self.client
-            .push_blob(self.image.oci(), data, digest.as_str())
+        self.conn
+            .client
+            .push_blob(self.conn.image.oci(), data, digest.as_str())
             .await
             .map_err(|e| self.map_err(e, &what))?;
         Ok(true)
@@ -385,15 +320,16 @@ impl ArtifactRemote {
         let content_type = OCI_MANIFEST_MEDIA_TYPE
             .parse()
             .map_err(|_| self.spec("bad manifest content type".into()))?;
-        self.client
-            .push_manifest_raw(self.image.oci(), body, content_type)
+        self.conn
+            .client
+            .push_manifest_raw(self.conn.image.oci(), body, content_type)
             .await
             .map_err(|e| self.map_err(e, "manifest"))?;
         Ok(digest)
     }
 
     fn check_pinned(&self, got: &Digest) -> Result<(), OciError> {
-        match self.image.digest() {
+        match self.conn.image.digest() {
             Some(want) if &want != got => Err(OciError::DigestMismatch {
                 what: "manifest".into(),
                 expected: want.to_string(),
@@ -404,183 +340,27 @@ impl ArtifactRemote {
     }
 
     fn spec(&self, reason: String) -> OciError {
-        OciError::Registry {
-            registry: self.image.registry().to_string(),
-            reason: self.scrub(reason),
-        }
+        self.conn.spec(reason)
     }
 
-    fn scrub(&self, text: String) -> String {
-        match &self.creds {
-            Some(c) => c.scrub(&text),
-            None => text,
-        }
+    fn map_err(&self, e: oci_client::errors::OciDistributionError, what: &str) -> OciError {
+        self.conn.map_err(e, what)
     }
 
-    fn map_blob_err<W>(
+    /// Downloads blob `desc` (digest `digest`) into `inner`: at most `desc.size` bytes,
+    /// verified; gives `inner` back.
+    async fn pull_blob<W: AsyncWrite + Unpin>(
         &self,
-        e: OciDistributionError,
-        w: &BoundedHasher<W>,
+        desc: &Descriptor,
+        digest: &Digest,
+        inner: W,
         what: &str,
-    ) -> OciError {
-        if w.too_long {
-            return self.spec(format!(
-                "{what} is larger than the {} bytes its descriptor says",
-                w.limit
-            ));
-        }
-        self.map_err(e, what)
-    }
-
-    /// Sorts an `oci-client` error into ours, scrubbing credentials from any text.
-    fn map_err(&self, e: OciDistributionError, what: &str) -> OciError {
-        use OciDistributionError as E;
-        let registry = self.image.registry().to_string();
-        let refused = |reason: String| OciError::AuthRefused {
-            registry: registry.clone(),
-            reason: self.scrub(reason),
-        };
-        let not_found = |reason: String| OciError::NotFound {
-            reference: self.image.given().to_string(),
-            reason: self.scrub(reason),
-        };
-        match e {
-            E::AuthenticationFailure(r) => refused(format!("token server refused: {}", r.trim())),
-            E::UnauthorizedError { .. } => refused(format!(
-                "{what}: unauthorized ({})",
-                if self.creds.is_some() {
-                    "credentials rejected"
-                } else {
-                    "no credentials configured"
-                }
-            )),
-            E::RegistryError { envelope, .. } => {
-                let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-                let text = format!("{what}: {envelope}");
-                if codes
-                    .iter()
-                    .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-                {
-                    refused(text)
-                } else if codes.iter().any(|c| {
-                    matches!(
-                        c,
-                        OciErrorCode::ManifestUnknown
-                            | OciErrorCode::NameUnknown
-                            | OciErrorCode::BlobUnknown
-                            | OciErrorCode::NotFound
-                    )
-                }) {
-                    not_found(text)
-                } else {
-                    self.spec(text)
-                }
-            }
-            E::ServerError { code, message, .. } => match code {
-                401 | 403 => refused(format!("{what}: HTTP {code} {}", message.trim())),
-                404 => not_found(format!("{what}: HTTP 404")),
-                _ => self.spec(format!("{what}: HTTP {code} {}", message.trim())),
-            },
-            E::ImageManifestNotFoundError(r) => not_found(r),
-            E::DigestError(oci_client::errors::DigestError::VerificationError {
-                expected,
-                actual,
-            }) => OciError::DigestMismatch {
-                what: what.to_string(),
-                expected,
-                actual,
-            },
-            E::UnsupportedMediaTypeError(m) => OciError::UnsupportedMediaType {
-                media_type: m,
-                what: what.to_string(),
-            },
-            E::RequestError(r) => OciError::Unreachable {
-                registry,
-                reason: self.scrub(format!("{what}: {}", error_chain(&r))),
-            },
-            E::IoError(io) => OciError::io(format!("transferring {what}"), io),
-            other => self.spec(format!("{what}: {other}")),
-        }
-    }
-}
-
-/// `error: cause: cause` for errors whose `Display` hides the cause.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let s_text = s.to_string();
-        if !out.contains(&s_text) {
-            out.push_str(": ");
-            out.push_str(&s_text);
-        }
-        src = s.source();
-    }
-    out
-}
-
-/// Hashes and counts bytes on their way to `inner`; refuses more than `limit` bytes.
-struct BoundedHasher<W> {
-    inner: W,
-    hasher: sha2::Sha256,
-    written: u64,
-    limit: u64,
-    too_long: bool,
-}
-
-impl<W> BoundedHasher<W> {
-    fn new(inner: W, limit: u64) -> Self {
-        BoundedHasher {
-            inner,
-            hasher: sha2::Sha256::new(),
-            written: 0,
-            limit,
-            too_long: false,
-        }
-    }
-
-    /// Compares what was written with `digest` and the announced size.
-    fn check(&self, digest: &Digest, what: &str) -> Result<(), OciError> {
-        let actual = format!("sha256:{}", hex::encode(self.hasher.clone().finalize()));
-        if actual != digest.as_str() || self.written != self.limit {
-            return Err(OciError::DigestMismatch {
-                what: format!("{what} ({} bytes, expected {})", self.written, self.limit),
-                expected: digest.to_string(),
-                actual,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl<W: AsyncWrite + Unpin> AsyncWrite for BoundedHasher<W> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = &mut *self;
-        if this.written.saturating_add(buf.len() as u64) > this.limit {
-            this.too_long = true;
-            return Poll::Ready(Err(std::io::Error::other(
-                "blob larger than its descriptor",
-            )));
-        }
-        let n = match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => n,
-            other => return other,
-        };
-        this.hasher.update(&buf[..n]);
-        this.written += n as u64;
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    ) -> Result<W, OciError> {
+        let mut w = VerifyingWriter::new(inner, desc.size, None);
+        self.conn
+            .pull_blob(&desc.to_oci(), digest, &mut w, what)
+            .await?;
+        Ok(w.inner)
     }
 }
 

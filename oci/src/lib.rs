@@ -51,6 +51,7 @@ pub mod artifact;
 pub mod auth;
 pub mod boot;
 mod config;
+mod connection;
 pub mod erofs;
 mod error;
 mod options;

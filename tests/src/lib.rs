@@ -50,4 +50,38 @@ pub fn run_in(bin: &str, cwd: &Path, args: &[&str]) -> Run {
         .into()
 }
 
+/// Runs the `voidbox` binary at `bin` with `args` in a private environment: no colors,
+/// `XDG_CACHE_HOME` = `xdg`, `HOME` = `home` (Docker's config in `home/.docker`), none of the
+/// caller's registry settings (`VOIDBOX_REGISTRY_USERNAME`, `VOIDBOX_REGISTRY_PASSWORD`,
+/// `VOIDBOX_INSECURE_REGISTRIES`) nor the variables in `unset`; then `env` on top.
+pub fn run_isolated(
+    bin: &str,
+    xdg: &Path,
+    home: &Path,
+    args: &[&str],
+    unset: &[&str],
+    env: &[(&str, &str)],
+) -> Run {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", xdg)
+        .env("HOME", home)
+        .env("DOCKER_CONFIG", home.join(".docker"));
+    for var in [
+        "VOIDBOX_REGISTRY_USERNAME",
+        "VOIDBOX_REGISTRY_PASSWORD",
+        "VOIDBOX_INSECURE_REGISTRIES",
+    ]
+    .iter()
+    .chain(unset)
+    {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"))
+        .into()
+}
+
 pub mod vm;

@@ -5,19 +5,18 @@
 //! build, no KVM.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use voidbox::image::manifest::{
-    content_hash, sha256_hex, Artifact, ImageInputs, KernelInputs, KernelManifest, Manifest,
-    NamedHash, AGENT_FILE, CONFIG_FILE, FORMAT, MANIFEST_FILE, SYSTEM_DISK_FILE, VMLINUX_FILE,
+    sha256_hex, AGENT_FILE, CONFIG_FILE, MANIFEST_FILE, SYSTEM_DISK_FILE, VMLINUX_FILE,
 };
 use voidbox::image::registry::{
     self, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, GUEST_IMAGE_ENV, HASH_ANNOTATION, LAYERS,
     PROFILE_ANNOTATION,
 };
-use voidbox::image::{erofs, layout, recipe, Cache, Profile};
+use voidbox::image::testing::FakeImage;
+use voidbox::image::{Cache, Profile};
 use voidbox_oci::testing::{file_image, http_request, require_tools, Registry};
-use voidbox_tests::Run;
+use voidbox_tests::{run_isolated, Run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 const FILES: [&str; 5] = [
@@ -28,115 +27,10 @@ const FILES: [&str; 5] = [
     MANIFEST_FILE,
 ];
 
-/// ELF64 x86-64 executable header + one PT_NOTE with a PVH entry note.
-fn fake_vmlinux() -> Vec<u8> {
-    let mut b = vec![0u8; 64 + 56];
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = 2;
-    b[5] = 1;
-    b[16..18].copy_from_slice(&2u16.to_le_bytes());
-    b[18..20].copy_from_slice(&62u16.to_le_bytes());
-    b[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes());
-    b[32..40].copy_from_slice(&64u64.to_le_bytes());
-    b[54..56].copy_from_slice(&56u16.to_le_bytes());
-    b[56..58].copy_from_slice(&1u16.to_le_bytes());
-    let mut note = Vec::new();
-    for v in [4u32, 4, 18] {
-        note.extend(v.to_le_bytes());
-    }
-    note.extend(b"Xen\0");
-    note.extend(0x100_0500u32.to_le_bytes());
-    let off = b.len() as u64;
-    b[64..68].copy_from_slice(&4u32.to_le_bytes());
-    b[72..80].copy_from_slice(&off.to_le_bytes());
-    b[96..104].copy_from_slice(&(note.len() as u64).to_le_bytes());
-    b.extend(note);
-    // Some bulk, so the kernel layer is not trivially small.
-    b.extend((0..64 * 1024u32).map(|i| (i % 251) as u8));
-    b
-}
-
-fn named(items: impl IntoIterator<Item = (&'static str, &'static str)>) -> Vec<NamedHash> {
-    items
-        .into_iter()
-        .map(|(name, text)| NamedHash {
-            name: name.into(),
-            sha256: sha256_hex(text.as_bytes()),
-        })
-        .collect()
-}
-
 /// Writes a complete compat image of this voidbox's recipe into `cache/images/<hash>` and
 /// returns the hash.
 fn put_image(cache: &Path, agent: &[u8]) -> String {
-    let profile = Profile::Compat;
-    let applets: Vec<String> = recipe::REQUIRED_APPLETS
-        .iter()
-        .map(|a| format!("bin/{a}"))
-        .collect();
-    let tree = layout::build(agent, b"\x7fELFbusybox", &applets).expect("root tree");
-    let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
-    let kin = KernelInputs {
-        builder_version: recipe::BUILDER_VERSION,
-        profile,
-        source_package: "linux-source-6.1 test".into(),
-        compiler: "gcc test".into(),
-        kcflags: profile.kcflags().map(str::to_string),
-        fragments: named(profile.fragments()),
-        patches: named(recipe::PATCHES.iter().copied()),
-    };
-    assert!(voidbox::image::build::recipe_matches(&kin));
-    let inputs = ImageInputs {
-        builder_version: recipe::BUILDER_VERSION,
-        kernel_inputs_hash: content_hash(&kin),
-        guest_agent_sha256: sha256_hex(agent),
-        mock_llm_sha256: None,
-        busybox_sha256: sha256_hex(b"bb"),
-        busybox_version: "test".into(),
-        strip: "test".into(),
-        erofs_utils_version: Some("test".into()),
-    };
-    let hash = content_hash(&inputs);
-    let dir = cache.join("images").join(&hash);
-    std::fs::create_dir_all(&dir).expect("image dir");
-    std::fs::write(dir.join(VMLINUX_FILE), fake_vmlinux()).expect("vmlinux");
-    let scratch = tempfile::tempdir().expect("scratch");
-    erofs::build(&tree, scratch.path(), &dir.join(SYSTEM_DISK_FILE))
-        .expect("mkfs.erofs is needed (Debian: erofs-utils)");
-    std::fs::write(dir.join(AGENT_FILE), agent).expect("agent");
-    std::fs::write(dir.join(CONFIG_FILE), config).expect("config");
-    let art = |f: &str| Artifact::of(&dir, f).expect("artifact");
-    let m = Manifest {
-        format: FORMAT,
-        hash: hash.clone(),
-        profile,
-        cmdline: recipe::image_cmdline(profile),
-        kernel: KernelManifest {
-            release: "6.1.0-test".into(),
-            source_package: kin.source_package.clone(),
-            config_sha256: sha256_hex(config.as_bytes()),
-            patches: recipe::PATCHES.iter().map(|(n, _)| n.to_string()).collect(),
-            compiler: kin.compiler.clone(),
-            kcflags: kin.kcflags.clone(),
-            inputs_hash: inputs.kernel_inputs_hash.clone(),
-            build_seconds: 0.0,
-        },
-        guest_agent_sha256: inputs.guest_agent_sha256.clone(),
-        init_sha256: sha256_hex(agent),
-        busybox_version: "test".into(),
-        path_programs: Some(layout::path_programs(&tree)),
-        vmlinux: art(VMLINUX_FILE),
-        initramfs: None,
-        system_disk: Some(art(SYSTEM_DISK_FILE)),
-        agent: Some(art(AGENT_FILE)),
-        config: art(CONFIG_FILE),
-        inputs,
-        kernel_inputs: kin,
-        build_seconds: 1.0,
-        created_unix: 1_700_000_000,
-    };
-    std::fs::write(dir.join(MANIFEST_FILE), m.to_json() + "\n").expect("manifest");
-    hash
+    FakeImage::new(agent).write(cache)
 }
 
 /// A private cache (`XDG_CACHE_HOME`) and home for the binary.
@@ -169,24 +63,14 @@ impl Cli {
 
     /// [`Cli::run`] with `env` set on top.
     fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env("NO_COLOR", "1")
-            .env("XDG_CACHE_HOME", self.xdg.path())
-            .env("HOME", self.home.path())
-            .env("DOCKER_CONFIG", self.home.path().join(".docker"));
-        for var in [
-            "VOIDBOX_REGISTRY_USERNAME",
-            "VOIDBOX_REGISTRY_PASSWORD",
-            "VOIDBOX_INSECURE_REGISTRIES",
-            GUEST_IMAGE_ENV,
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.envs(env.iter().copied());
-        cmd.output()
-            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
-            .into()
+        run_isolated(
+            BIN,
+            self.xdg.path(),
+            self.home.path(),
+            args,
+            &[GUEST_IMAGE_ENV],
+            env,
+        )
     }
 
     fn json(&self, args: &[&str]) -> serde_json::Value {

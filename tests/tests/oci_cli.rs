@@ -3,11 +3,10 @@
 //! with the cache in a temporary `XDG_CACHE_HOME`. No KVM needed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use base64::Engine as _;
 use voidbox_oci::testing::{file_image, http_request, require_tools, Registry};
-use voidbox_tests::Run;
+use voidbox_tests::{run_isolated, Run};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 
@@ -33,24 +32,14 @@ impl Cli {
 
     /// Runs the binary with `args`, no registry credentials and no cap unless `env` sets them.
     fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .env("NO_COLOR", "1")
-            .env("XDG_CACHE_HOME", self.cache.path())
-            .env("HOME", self.home.path())
-            .env("DOCKER_CONFIG", self.home.path().join(".docker"));
-        for var in [
-            "VOIDBOX_REGISTRY_USERNAME",
-            "VOIDBOX_REGISTRY_PASSWORD",
-            "VOIDBOX_OCI_MAX_BYTES",
-            "VOIDBOX_INSECURE_REGISTRIES",
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.envs(env.iter().copied());
-        cmd.output()
-            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
-            .into()
+        run_isolated(
+            BIN,
+            self.cache.path(),
+            self.home.path(),
+            args,
+            &["VOIDBOX_OCI_MAX_BYTES"],
+            env,
+        )
     }
 
     /// `voidbox oci ls --format json`.

@@ -39,7 +39,10 @@ fn the_readme_github_actions_workflow_passes_actionlint() {
     let workflows = dir.path().join(".github/workflows");
     std::fs::create_dir_all(&workflows).expect("mkdir");
     let jobs = readme_workflow();
-    assert!(jobs.contains("voidbox apply") && jobs.contains("--junit"), "{jobs}");
+    assert!(
+        jobs.contains("voidbox apply") && jobs.contains("--junit"),
+        "{jobs}"
+    );
     let file = workflows.join("voidbox.yml");
     std::fs::write(&file, format!("name: voidbox\non: [push]\n{jobs}")).expect("write");
     let out = Command::new(&actionlint)

@@ -21,6 +21,8 @@ pub mod manifest;
 pub mod progress;
 pub mod recipe;
 pub mod registry;
+#[doc(hidden)]
+pub mod testing;
 pub mod verify;
 
 use std::path::{Path, PathBuf};

@@ -900,16 +900,14 @@ pub(super) fn cli_push(
     match format {
         super::Format::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": p.reference,
-                "digest": p.digest.as_str(),
-                "pinned": p.pinned,
-                "hash": m.hash,
-                "profile": m.profile,
-                "kernel_release": m.kernel.release,
-                "uploaded_blobs": p.uploaded,
-            }))
-            .unwrap_or_default()
+            transfer_json(
+                &p.reference,
+                &p.digest,
+                &p.pinned,
+                m,
+                None,
+                serde_json::json!({ "uploaded_blobs": p.uploaded }),
+            )
         ),
         super::Format::Human => println!("{}", p.digest),
     }
@@ -940,18 +938,17 @@ pub(super) fn cli_pull(
     match format {
         super::Format::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "reference": p.reference,
-                "digest": p.digest.as_str(),
-                "pinned": p.pinned,
-                "hash": m.hash,
-                "dir": p.image.dir,
-                "profile": m.profile,
-                "kernel_release": m.kernel.release,
-                "downloaded": p.downloaded,
-                "contacted_registry": p.contacted_registry,
-            }))
-            .unwrap_or_default()
+            transfer_json(
+                &p.reference,
+                &p.digest,
+                &p.pinned,
+                m,
+                Some(&p.image.dir),
+                serde_json::json!({
+                    "downloaded": p.downloaded,
+                    "contacted_registry": p.contacted_registry,
+                }),
+            )
         ),
         super::Format::Human => {
             println!("{}", m.hash);
@@ -962,6 +959,33 @@ pub(super) fn cli_pull(
 }
 
 /// `--insecure-registry` flags and [`crate::oci::INSECURE_REGISTRIES_ENV`], merged.
+/// The JSON document `image push|pull --format json` print: reference, digest, pinned
+/// reference, image hash, `dir` (when given), profile and kernel release, then the fields of
+/// the object `extra`.
+fn transfer_json(
+    reference: &str,
+    digest: &Digest,
+    pinned: &str,
+    m: &Manifest,
+    dir: Option<&Path>,
+    extra: serde_json::Value,
+) -> String {
+    let mut doc = serde_json::Map::new();
+    doc.insert("reference".into(), reference.into());
+    doc.insert("digest".into(), digest.as_str().into());
+    doc.insert("pinned".into(), pinned.into());
+    doc.insert("hash".into(), m.hash.as_str().into());
+    if let Some(dir) = dir {
+        doc.insert("dir".into(), serde_json::json!(dir));
+    }
+    doc.insert("profile".into(), serde_json::json!(m.profile));
+    doc.insert("kernel_release".into(), m.kernel.release.as_str().into());
+    if let serde_json::Value::Object(extra) = extra {
+        doc.extend(extra);
+    }
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
 fn insecure_list(flags: &[String]) -> Vec<String> {
     crate::oci::pull_options_with(flags, voidbox_oci::Platform::default()).insecure_registries
 }
