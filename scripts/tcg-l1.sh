@@ -13,9 +13,8 @@
 #   SPEC       the spec `voidbox apply` runs (default examples/fan-out.yaml, whose merged output
 #              is checked)
 # Environment:
-#   TCG_L1_TIMEOUT  seconds the whole QEMU session may take (default 600, at most 600); just
-#                   before it, the vCPUs' registers (with the L1 and L2 kernel symbols at their
-#                   RIPs) go to stderr, from QEMU's monitor
+#   TCG_L1_TIMEOUT  seconds the whole QEMU session may take (default 600, at most 600); on a
+#                   timeout, where the vCPUs were 10 s before it goes to stderr (QEMU monitor)
 #   TCG_L1_CHECK_TIMEOUT  seconds one check may take inside L1 (default 90): a voidbox that
 #                   hangs fails its check while the L1 lives on
 #   TCG_L1_LOG      where the console log goes (default: console.log in the work directory)
@@ -31,11 +30,12 @@
 # cold, snapshot-create, snapshot-restore, network, apply. The console is unbuffered (tee).
 #
 # Exit status: 0 every check passed; 1 a check failed (voidbox's fault); 3 the L1 session
-# broke (no `ALL DONE`, a kernel oops/panic, or the timeout); 2 usage or setup error.
+# broke (an L1 kernel oops/panic, or the timeout or no `ALL DONE` without a failed check);
+# 2 usage or setup error.
 set -euo pipefail
 
 usage() {
-  sed -n '9,17p' "$0" >&2
+  sed -n '9,21p' "$0" >&2
   exit 2
 }
 [ "$#" -ge 2 ] && [ "$#" -le 3 ] || usage
@@ -78,7 +78,7 @@ fetch_l1() {
   pkg="$(l1_package)"
   if [ -z "$pkg" ]; then
     # No package lists: use what is cached, else update them once.
-    l1="$(find "$cache" -mindepth 2 -maxdepth 2 -name System.map -printf '%h\n' | sort -V | tail -n 1)"
+    l1="$(find "$cache" -mindepth 2 -maxdepth 2 -name .complete -printf '%h\n' | sort -V | tail -n 1)"
     if [ -n "$l1" ]; then return; fi
     apt-get update -qq >&2
     pkg="$(l1_package)"
@@ -87,7 +87,7 @@ fetch_l1() {
   ver="$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')"
   [ -n "$ver" ] && [ "$ver" != "(none)" ] || die "no candidate version of $pkg"
   l1="$cache/${pkg}_$ver"
-  [ -f "$l1/.complete" ] && [ -f "$l1/System.map" ] && return
+  [ -f "$l1/.complete" ] && return
   echo "tcg-l1: fetching the L1 kernel $pkg $ver" >&2
   local tmp
   tmp="$(mktemp -d "$cache/.fetch.XXXXXX")"
@@ -98,7 +98,6 @@ fetch_l1() {
   dpkg-deb -x "$tmp"/*.deb "$tmp/x"
   mkdir -p "$tmp/out/modules"
   cp "$tmp"/x/boot/vmlinuz-* "$tmp/out/vmlinuz"
-  cp "$tmp"/x/boot/System.map-* "$tmp/out/System.map"
   local m
   for m in $MODULES; do
     cp "$tmp"/x/lib/modules/*/kernel/"$m" "$tmp/out/modules/" || die "$pkg has no $m"
@@ -224,21 +223,22 @@ chmod +x "$root/init"
 echo "tcg-l1: initramfs $(du -m "$work/initrd.cpio" | cut -f1) MiB; L1 kernel $(cat "$l1/.complete"); session limit ${timeout_s}s" >&2
 
 # --- the L1 session ---------------------------------------------------------------------------
-# Where the vCPUs are when the session is about to time out: `info registers -a` from QEMU's
-# monitor, each RIP with the nearest L1 symbol (System.map; the L1 runs with nokaslr) and
-# the nearest symbol of the plain guest kernel (a vCPU in L2, under emulated SVM).
-dump_cpus() {
+# Where the vCPUs are when the session is about to time out: the watchdog saves QEMU
+# monitor's `info registers -a` to regs.txt; after the session each RIP is named with the
+# L1 kernel's symbols (the L1 runs with nokaslr; Debian ships its System.map only in the
+# -dbg package, 860 MB, so it is fetched on the first hang and only System.map is kept) and
+# with the plain guest kernel's (in case that vCPU was in L2).
+save_registers() {
   command -v python3 >/dev/null 2>&1 || return 0
-  python3 - "$work/monitor.sock" "$l1/System.map" "$image/vmlinux" <<'PY' >&2 || true
-import bisect, socket, subprocess, sys, re
-sock, l1_map, l2_vmlinux = sys.argv[1:]
+  python3 - "$work/monitor.sock" >"$work/regs.txt" <<'PY' || true
+import socket, sys
 s = socket.socket(socket.AF_UNIX)
-s.settimeout(3)
-s.connect(sock)
-def read():
+s.settimeout(5)
+s.connect(sys.argv[1])
+def read():  # up to the next prompt
     buf = b""
     try:
-        while True:
+        while not buf.endswith(b"(qemu) "):
             d = s.recv(65536)
             if not d:
                 break
@@ -248,36 +248,57 @@ def read():
     return buf.decode(errors="replace")
 read()
 s.sendall(b"info registers -a\n")
-regs = read()
+print(read())
+PY
+}
+l1_system_map() {
+  [ -s "$l1/System.map" ] && return
+  local pkg tmp
+  pkg="$(cut -d' ' -f1 "$l1/.complete")-dbg=$(cut -d' ' -f2 "$l1/.complete")"
+  tmp="$(mktemp -d "$cache/.dbg.XXXXXX")"
+  echo "tcg-l1: fetching $pkg for the L1 kernel's System.map (once)" >&2
+  if (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1); then
+    dpkg-deb --fsys-tarfile "$tmp"/*.deb 2>/dev/null |
+      tar -xO --occurrence=1 --wildcards './usr/lib/debug/boot/System.map-*' >"$tmp/System.map" || true
+    [ -s "$tmp/System.map" ] && mv "$tmp/System.map" "$l1/System.map"
+  fi
+  rm -rf "$tmp"
+}
+show_registers() {
+  grep -q 'RIP=' "$work/regs.txt" 2>/dev/null || return 0
+  l1_system_map
+  python3 - "$work/regs.txt" "$l1/System.map" "$image/vmlinux" <<'PY' >&2 || true
+import bisect, os, re, subprocess, sys
+regs, l1_map, l2_vmlinux = sys.argv[1:]
 def table(lines):
-    syms = sorted((int(a, 16), n) for a, t, n in (l.split()[:3] for l in lines if len(l.split()) >= 3)
-                  if t in "tTwW")
+    syms = sorted((int(f[0], 16), f[2]) for f in (l.split() for l in lines)
+                  if len(f) >= 3 and f[1] in ("t", "T", "w", "W"))
     return [a for a, _ in syms], [n for _, n in syms]
 def near(tab, rip):
     addrs, names = tab
     i = bisect.bisect_right(addrs, rip) - 1
-    return f"{names[i]}+{rip - addrs[i]:#x}" if i >= 0 and rip - addrs[i] < 0x100000 else "?"
-l1 = table(open(l1_map).read().splitlines())
-nm = subprocess.run(["nm", "-n", l2_vmlinux], capture_output=True, text=True).stdout
-l2 = table(nm.splitlines())
-print("tcg-l1: vCPUs at the deadline (QEMU monitor):")
-for m in re.finditer(r"RIP=([0-9a-f]+) .*?CPL=(\d).*?HLT=(\d)", regs):
+    return f"{names[i]}+{rip - addrs[i]:#x}" if i >= 0 and rip - addrs[i] < 0x10000 else "?"
+l1 = table(open(l1_map).read().splitlines()) if os.path.exists(l1_map) else ([], [])
+l2 = table(subprocess.run(["nm", "-n", l2_vmlinux], capture_output=True, text=True).stdout.splitlines())
+print("tcg-l1: vCPUs shortly before the timeout (QEMU monitor):")
+text = open(regs).read()
+for m in re.finditer(r"RIP=([0-9a-f]+) .*?CPL=(\d).*?HLT=(\d)", text):
     rip = int(m.group(1), 16)
-    print(f"tcg-l1:   RIP {rip:#x} CPL {m.group(2)} HLT {m.group(3)}; "
-          f"as L1: {near(l1, rip)}; as L2 (plain guest): {near(l2, rip)}")
+    print(f"tcg-l1:   RIP {rip:#x} CPL {m.group(2)} HLT {m.group(3)}: "
+          f"L1 {near(l1, rip)}, or if in L2 {near(l2, rip)}")
 PY
 }
 
 start=$(date +%s.%N)
 (
-  for _ in $(seq "$((timeout_s > 8 ? timeout_s - 4 : timeout_s))"); do sleep 1; done
-  [ -S "$work/monitor.sock" ] && dump_cpus
+  for _ in $(seq "$((timeout_s > 20 ? timeout_s - 10 : timeout_s / 2))"); do sleep 1; done
+  [ -S "$work/monitor.sock" ] && save_registers
 ) &
 watchdog=$!
 set +e
 timeout -k 10 "$timeout_s" qemu-system-x86_64 -accel tcg,thread=multi -smp 2 -m 4096 \
   -cpu EPYC-Rome,+svm,+npt -kernel "$l1/vmlinuz" -initrd "$work/initrd.cpio" \
-  -append 'console=ttyS0 loglevel=4 panic=-1 nokaslr' -nographic -no-reboot \
+  -append 'console=ttyS0 loglevel=5 panic=-1 softlockup_panic=1 nokaslr' -nographic -no-reboot \
   -monitor "unix:$work/monitor.sock,server=on,wait=off" \
   -netdev user,id=net0 -device e1000,netdev=net0,romfile= </dev/null 2>&1 | tee "$log"
 qrc=${PIPESTATUS[0]}
@@ -286,20 +307,25 @@ kill "$watchdog" 2>/dev/null || true
 wait "$watchdog" 2>/dev/null || true
 wall=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
 echo "tcg-l1: QEMU session ${wall}s (exit $qrc)" >&2
+if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then show_registers; fi
 
 # L1 kernel lines carry a timestamp; a guest console quoted by voidbox is indented.
 if grep -Eq '^\[ *[0-9]+\.[0-9]+\] .*(Kernel panic|Oops|BUG: |stack guard page was hit|general protection fault)' "$log"; then
   echo "tcg-l1: L1 CRASH: the L1 kernel oopsed or panicked" >&2
   exit 3
 fi
+# A failed check is voidbox's (a hung one fails after TCG_L1_CHECK_TIMEOUT), even if the L1
+# broke later.
+if grep -q '^CHECK [^ ]* FAIL' "$log"; then
+  echo "tcg-l1: FAILED: $(grep -c '^CHECK [^ ]* FAIL' "$log") check(s)" >&2
+  exit 1
+fi
 if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
   echo "tcg-l1: L1 CRASH: timed out after ${timeout_s}s" >&2
   exit 3
 fi
 if ! grep -q '^ALL DONE' "$log"; then
-  if grep -q '^CHECK [^ ]* FAIL' "$log"; then exit 1; fi
   echo "tcg-l1: L1 CRASH: no ALL DONE and no FAIL line" >&2
   exit 3
 fi
-if grep -q '^CHECK [^ ]* FAIL' "$log"; then exit 1; fi
 echo "tcg-l1: every check passed" >&2
