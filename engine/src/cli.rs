@@ -145,6 +145,38 @@ fn apply_after_help() -> String {
     )
 }
 
+/// Exit status when stdout or stderr is a pipe whose reader has gone (`voidbox image ls |
+/// head -1`): 0, as ripgrep does. The reader stopped on purpose, so under `set -o pipefail`
+/// (GitHub Actions' bash) such a pipeline must not fail; git's 141 comes from being killed by
+/// SIGPIPE, which a process that exits by itself cannot reproduce faithfully.
+pub const EXIT_BROKEN_PIPE: u8 = 0;
+
+/// Whether a panic payload is the standard library's "failed printing to stdout: Broken pipe"
+/// (`print!` and friends panic when the write fails; Rust ignores SIGPIPE, so a closed pipe
+/// is an `EPIPE` error rather than a signal).
+pub fn is_broken_pipe_panic(payload: &(dyn std::any::Any + Send)) -> bool {
+    let msg = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    (msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr"))
+        && (msg.contains("Broken pipe") || msg.contains("os error 32"))
+}
+
+/// Makes every command exit quietly with [`EXIT_BROKEN_PIPE`] when its output pipe is closed,
+/// instead of panicking with exit code 101 (for the whole binary, every thread; any other
+/// panic is reported as before).
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if is_broken_pipe_panic(info.payload()) {
+            std::process::exit(i32::from(EXIT_BROKEN_PIPE));
+        }
+        default(info);
+    }));
+}
+
 /// Entry point of the `voidbox` binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -158,6 +190,10 @@ pub fn main() -> ExitCode {
             };
         }
     };
+    // Not in the VMM child: its own failures must reach the engine as failures.
+    if !matches!(cli.command, Command::Vmm { .. }) {
+        exit_quietly_on_broken_pipe();
+    }
     match cli.command {
         Command::Validate(args) => validate_cmd(&args),
         Command::Graph(args) => graph_cmd(&args),

@@ -1,5 +1,6 @@
 //! Located diagnostics and their renderings (human via miette, JSON, GitHub annotations).
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -182,6 +183,9 @@ impl FileReport {
     }
 
     /// Renders every diagnostic with miette's graphical handler (source snippet, labels, help).
+    /// Control characters of the spec (an `ESC` sequence that would retitle the terminal, a
+    /// `BEL`, a lone `CR`) and bidirectional overrides are written visibly (`\u{1b}`), in the
+    /// snippet and in every message, label and help that quotes the spec.
     pub fn render_human(&self, color: bool) -> String {
         let theme = if color {
             GraphicalTheme::unicode()
@@ -189,42 +193,40 @@ impl FileReport {
             GraphicalTheme::unicode_nocolor()
         };
         let handler = GraphicalReportHandler::new_themed(theme).with_context_lines(2);
+        let source = VisibleSource::of(&self.source);
+        let path = visible(&self.path);
         let mut out = String::new();
         for d in &self.diagnostics {
             let (line, column) = self.location(d.span);
             let clamp = |s: Span| {
                 let start = s.offset.min(self.source.len());
                 let end = (s.offset + s.len).min(self.source.len());
+                let (start, end) = (source.map(start), source.map(end));
                 (start, end - start)
             };
+            let label = d.label.as_deref().unwrap_or("here");
             let mut labels = vec![LabeledSpan::new_primary_with_span(
-                Some(d.label.clone().unwrap_or_else(|| "here".to_string())),
+                Some(visible(label).into_owned()),
                 clamp(d.span),
             )];
-            labels.extend(
-                d.related
-                    .iter()
-                    .map(|r| LabeledSpan::new_with_span(Some(r.label.clone()), clamp(r.span))),
-            );
-            let mut md =
-                MietteDiagnostic::new(format!("{}:{line}:{column}: {}", self.path, d.message))
-                    .with_code(d.code)
-                    .with_severity(match d.severity {
-                        Severity::Error => miette::Severity::Error,
-                        Severity::Warning => miette::Severity::Warning,
-                    })
-                    .with_labels(labels);
+            labels.extend(d.related.iter().map(|r| {
+                LabeledSpan::new_with_span(Some(visible(&r.label).into_owned()), clamp(r.span))
+            }));
+            let message = visible(&d.message);
+            let mut md = MietteDiagnostic::new(format!("{path}:{line}:{column}: {message}"))
+                .with_code(d.code)
+                .with_severity(match d.severity {
+                    Severity::Error => miette::Severity::Error,
+                    Severity::Warning => miette::Severity::Warning,
+                })
+                .with_labels(labels);
             if let Some(help) = &d.help {
-                md = md.with_help(help.clone());
+                md = md.with_help(visible(help).into_owned());
             }
             let report = miette::Report::new(md)
-                .with_source_code(NamedSource::new(&self.path, self.source.to_string()));
+                .with_source_code(NamedSource::new(path.as_ref(), source.text.clone()));
             if handler.render_report(&mut out, report.as_ref()).is_err() {
-                let _ = writeln!(
-                    out,
-                    "{}:{line}:{column}: {} [{}]",
-                    self.path, d.message, d.code
-                );
+                let _ = writeln!(out, "{path}:{line}:{column}: {message} [{}]", d.code);
             }
             out.push('\n');
         }
@@ -239,14 +241,14 @@ impl FileReport {
                 Severity::Error => "error",
                 Severity::Warning => "warning",
             };
-            let mut msg = format!("{} [{}]", d.message, d.code);
+            let mut msg = format!("{} [{}]", visible(d.message), d.code);
             if let Some(help) = d.help {
-                let _ = write!(msg, " help: {help}");
+                let _ = write!(msg, " help: {}", visible(help));
             }
             let _ = writeln!(
                 out,
                 "::{level} file={},line={},col={},title={}::{}",
-                gh_escape_property(d.file),
+                gh_escape_property(&visible(d.file)),
                 d.line,
                 d.column,
                 gh_escape_property(d.code),
@@ -254,6 +256,70 @@ impl FileReport {
             );
         }
         out
+    }
+}
+
+/// Whether `c` must not reach a terminal as is: a control character other than newline and
+/// tab (`ESC` starts escape sequences, `BEL` rings, `CR` overwrites the line), or a
+/// bidirectional override that reorders what is shown.
+fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether the character at byte `i` of `s` is hidden ([`hidden`]); the `CR` of a `CRLF`
+/// line end is not.
+fn hidden_at(s: &str, i: usize, c: char) -> bool {
+    hidden(c) && !(c == '\r' && s.as_bytes().get(i + 1) == Some(&b'\n'))
+}
+
+/// `s` with the characters that could drive a terminal ([`hidden`]) written visibly, as
+/// Rust escapes (`\u{1b}`): for every text that quotes a spec and goes to a terminal.
+pub fn visible(s: &str) -> Cow<'_, str> {
+    if !s.char_indices().any(|(i, c)| hidden_at(s, i, c)) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for (i, c) in s.char_indices() {
+        if hidden_at(s, i, c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A source made [`visible`], with the map from its original byte offsets to the new ones
+/// (so that spans still point at the same text).
+struct VisibleSource {
+    text: String,
+    /// Per escaped character: its original offset and the bytes added up to and with it.
+    shifts: Vec<(usize, usize)>,
+}
+
+impl VisibleSource {
+    fn of(source: &str) -> Self {
+        let mut text = String::with_capacity(source.len());
+        let mut shifts = Vec::new();
+        let mut added = 0;
+        for (i, c) in source.char_indices() {
+            if hidden_at(source, i, c) {
+                let before = text.len();
+                text.extend(c.escape_unicode());
+                added += text.len() - before - c.len_utf8();
+                shifts.push((i, added));
+            } else {
+                text.push(c);
+            }
+        }
+        VisibleSource { text, shifts }
+    }
+
+    /// The offset in `text` of original offset `offset`.
+    fn map(&self, offset: usize) -> usize {
+        let n = self.shifts.partition_point(|(at, _)| *at < offset);
+        offset + n.checked_sub(1).map_or(0, |i| self.shifts[i].1)
     }
 }
 
@@ -291,6 +357,45 @@ mod tests {
             out,
             "::error file=a%2Cb.yaml,line=2,col=1,title=voidbox%3A%3Aunknown_field::unknown field `nmae` [voidbox::unknown_field] help: did you mean `name`?\n"
         );
+    }
+
+    #[test]
+    fn control_characters_are_shown_not_sent() {
+        assert_eq!(visible("a\u{1b}]0;x\u{7}b"), "a\\u{1b}]0;x\\u{7}b");
+        assert_eq!(visible("a\r\nb\tc\rd"), "a\r\nb\tc\\u{d}d");
+        assert_eq!(visible("x\u{202e}y"), "x\\u{202e}y");
+        assert!(matches!(visible("plain `text`\n"), Cow::Borrowed(_)));
+        let src = "name: \"\u{1b}]0;pwned\u{7}\"\nkind: x\n";
+        let v = VisibleSource::of(src);
+        assert_eq!(v.text, "name: \"\\u{1b}]0;pwned\\u{7}\"\nkind: x\n");
+        let kind = src.find("kind").unwrap();
+        assert_eq!(&v.text[v.map(kind)..v.map(kind) + 4], "kind");
+        assert_eq!(v.map(6), 6);
+        let r = FileReport {
+            path: "t\u{1b}.yaml".into(),
+            source: Arc::from(src),
+            diagnostics: vec![Diagnostic::error(
+                "voidbox::invalid_name",
+                "invalid name `\u{1b}]0;pwned\u{7}`",
+                Span::new(6, src.find('\n').unwrap() - 6),
+            )
+            .with_label("bad \u{1b}")
+            .with_help("not \u{7}")],
+        };
+        for out in [
+            r.render_human(false),
+            r.render_human(true),
+            r.render_github(),
+        ] {
+            assert!(!out.contains('\u{7}'), "{out:?}");
+            assert!(
+                !out.contains("\u{1b}]") && !out.contains("\u{1b}.yaml"),
+                "{out:?}"
+            );
+        }
+        let out = r.render_human(false);
+        assert!(out.contains("\"\\u{1b}]0;pwned\\u{7}\""), "{out}");
+        assert!(!out.contains('\u{1b}'), "{out:?}");
     }
 
     #[test]

@@ -58,13 +58,10 @@ pub struct RunArgs {
     /// Network device and policy.
     #[command(flatten)]
     pub network: crate::network::flags::NetworkArgs,
-    /// The command and its arguments.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    /// The command and its arguments. Everything from the first value on is the command's
+    /// (`run ls -la`); a flag before it is voidbox's own, so a misspelt one
+    /// (`run --memory 512 -- true`) is a usage error, not the program to start.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -156,15 +153,13 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     });
     let code = match res {
         Ok(r) => exit_code_of(program, &r, timeout),
-        Err(SandboxError::Guest {
-            code: ErrorCode::NotAllowed,
-            message,
-            ..
-        }) => {
-            eprintln!("voidbox: {program}: refused by the guest policy: {message}");
-            126
-        }
-        Err(e) => return Err(e),
+        Err(e) => match refused_exec(program, &e) {
+            Some((code, why)) => {
+                eprintln!("voidbox: {why}");
+                code
+            }
+            None => return Err(e),
+        },
     };
     let end = sb.stop();
     if !end.net_denials.is_empty() {
@@ -267,6 +262,31 @@ pub fn exit_code_of(program: &str, r: &ExecResponse, timeout: Timeout) -> u8 {
     }
 }
 
+/// The shell-style exit code and message of the guest refusing to start `program`: 127 and
+/// "cannot run" when it does not exist (`NotFound`: not on the guest's `PATH`, or not
+/// executable), 126 when the guest policy refuses it (`NotAllowed`). `None` for any other
+/// failure, which is the VM's (125).
+pub fn refused_exec(program: &str, e: &SandboxError) -> Option<(u8, String)> {
+    match e {
+        SandboxError::Guest {
+            what,
+            code: ErrorCode::NotFound,
+            message,
+        } if what == "exec" || what == "pty_open" => {
+            Some((127, format!("cannot run {program}: {message}")))
+        }
+        SandboxError::Guest {
+            code: ErrorCode::NotAllowed,
+            message,
+            ..
+        } => Some((
+            126,
+            format!("{program}: refused by the guest policy: {message}"),
+        )),
+        _ => None,
+    }
+}
+
 fn kept_console_path() -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -307,6 +327,39 @@ mod tests {
     }
 
     #[test]
+    fn refused_exec_codes() {
+        let guest = |what: &str, code| SandboxError::Guest {
+            what: what.into(),
+            code,
+            message: "program `nosuchcmd` not found in PATH (/usr/bin:/bin)".into(),
+        };
+        let (code, why) = refused_exec("nosuchcmd", &guest("exec", ErrorCode::NotFound)).unwrap();
+        assert_eq!(code, 127);
+        assert!(
+            why.starts_with("cannot run nosuchcmd: program `nosuchcmd` not found"),
+            "{why}"
+        );
+        assert_eq!(
+            refused_exec("x", &guest("exec", ErrorCode::NotAllowed)).map(|r| r.0),
+            Some(126)
+        );
+        assert_eq!(
+            refused_exec("x", &guest("pty_open", ErrorCode::NotFound)).map(|r| r.0),
+            Some(127)
+        );
+        // Anything else is the VM's failure (125), a missing file included.
+        assert_eq!(
+            refused_exec("x", &guest("read_file /a", ErrorCode::NotFound)),
+            None
+        );
+        assert_eq!(refused_exec("x", &guest("exec", ErrorCode::Io)), None);
+        assert_eq!(
+            refused_exec("x", &SandboxError::Environment("no kvm".into())),
+            None
+        );
+    }
+
+    #[test]
     fn parses_trailing_command() {
         use clap::Parser;
         #[derive(Debug, clap::Parser)]
@@ -320,6 +373,13 @@ mod tests {
         assert_eq!(t.a.command, vec!["sh", "-c", "echo hi"]);
         let t = T::try_parse_from(["x", "ls", "-la"]).unwrap();
         assert_eq!(t.a.command, vec!["ls", "-la"]);
+        // A flag before the command is voidbox's: a misspelt one is a usage error (with a
+        // tip), not the program to start; after `--` anything is the command.
+        let e = T::try_parse_from(["x", "--memory", "512", "--", "true"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--memory-mb"), "{e}");
+        let t = T::try_parse_from(["x", "--", "-x", "--memory"]).unwrap();
+        assert_eq!(t.a.command, ["-x", "--memory"]);
         assert!(T::try_parse_from(["x", "--vcpus", "0", "--", "ls"]).is_err());
         // The spec's limits, not the VMM's old ones.
         let t = T::try_parse_from(["x", "--memory-mb", "4096", "--vcpus", "32", "ls"]).unwrap();

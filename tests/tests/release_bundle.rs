@@ -360,8 +360,14 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_pipeline() {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .expect("HOME");
-    let tools = cache.join("voidbox/wheel-tools/bin/auditwheel");
-    let show = sh(Command::new(&tools).arg("show").arg(&wheel));
+    let tools = cache.join("voidbox/wheel-tools/bin");
+    let twine = sh(Command::new(tools.join("twine"))
+        .args(["check", "--strict"])
+        .arg(&wheel));
+    assert!(twine.stdout.contains("PASSED"), "{}", twine.stdout);
+    let show = sh(Command::new(tools.join("auditwheel"))
+        .arg("show")
+        .arg(&wheel));
     let text = format!("{}{}", show.stdout, show.stderr).replace('\n', " ");
     assert!(
         text.contains(&format!("following platform tag: \"{tag}\"")),

@@ -31,6 +31,24 @@ fn run_streams_stdout_stderr_and_returns_the_exit_code() {
 }
 
 #[test]
+fn a_missing_program_exits_127() {
+    if guest_image().is_none() {
+        return;
+    }
+    let out = Command::new(VOIDBOX)
+        .args(["run", "--memory-mb", "128", "--", "nosuchcmd", "-x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "stderr: {stderr}");
+    assert!(
+        stderr.contains("voidbox: cannot run nosuchcmd: program `nosuchcmd` not found"),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains("guest refused"), "stderr: {stderr}");
+}
+
+#[test]
 fn killing_the_vmm_mid_exec_is_reported() {
     if guest_image().is_none() {
         return;

@@ -103,6 +103,20 @@ fn sandbox_failure(e: SandboxError) -> Attempt {
     a
 }
 
+/// A failed exec: the guest refusing to start the program is the node's failure with a
+/// shell-style exit code (127 not found, 126 refused by the policy, as `voidbox run`);
+/// anything else is the VM's ([`sandbox_failure`]).
+fn exec_failure(program: &str, e: SandboxError) -> Attempt {
+    match crate::run::refused_exec(program, &e) {
+        Some((code, why)) => {
+            let mut a = Attempt::failed(Status::Failed, why);
+            a.exit_code = Some(i32::from(code));
+            a
+        }
+        None => sandbox_failure(e),
+    }
+}
+
 impl VmExecutor {
     /// The VM's settings; `gateway_port`: the node's credential gateway, which its NAT
     /// then lets the guest reach (and, for a node without network, nothing else).
@@ -403,7 +417,7 @@ impl VmExecutor {
                 }
                 a
             }
-            Err(e) => sandbox_failure(e),
+            Err(e) => exec_failure(&program_of(job), e),
         };
         a.exec = Some(exec);
         a.stderr_tail = stderr.text();
@@ -530,5 +544,34 @@ fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
             ..a
         },
         None => a,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_refusals_get_shell_exit_codes() {
+        let refused = |code| SandboxError::Guest {
+            what: "exec".into(),
+            code,
+            message: "program `ehco` not found in PATH (/usr/bin:/bin)".into(),
+        };
+        let a = exec_failure("ehco", refused(ErrorCode::NotFound));
+        assert_eq!((a.status, a.exit_code), (Status::Failed, Some(127)));
+        assert!(!a.environment);
+        let why = a.error.unwrap_or_default();
+        assert!(
+            why.starts_with("cannot run ehco: program `ehco` not found"),
+            "{why}"
+        );
+        assert_eq!(
+            exec_failure("x", refused(ErrorCode::NotAllowed)).exit_code,
+            Some(126)
+        );
+        let a = exec_failure("x", refused(ErrorCode::Io));
+        assert_eq!(a.exit_code, None);
+        assert!(a.error.unwrap_or_default().contains("guest refused exec"));
     }
 }

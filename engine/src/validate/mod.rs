@@ -7,6 +7,7 @@ pub mod images;
 pub mod names;
 pub mod network;
 pub mod paths;
+pub mod programs;
 pub mod runtimes;
 pub mod semantic;
 pub mod skills;

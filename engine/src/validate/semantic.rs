@@ -39,6 +39,7 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
         check_env(run.get("env"), out);
     }
     crate::validate::runtimes::check(root, &|| crate::image::layout::cached_path_programs(), out);
+    crate::validate::programs::check(root, &|| crate::image::layout::cached_path_programs(), out);
 }
 
 fn key_span(node: &Node, key: &str) -> Span {

@@ -1,0 +1,258 @@
+//! Edges of the CLI contract that need no VM (issue #23): a closed stdout, a misspelt flag
+//! before `run`'s command, a `run.program` the guest image lacks, and terminal escapes in a
+//! spec.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use voidbox_tests::{repo_root, run_isolated, write_file, Run};
+
+const BIN: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+/// The fixed image cache of the corpus tests: one guest image manifest listing the busybox
+/// programs on `PATH` (`echo`, `sh`, … but no `ehco`, `python3` or `make`).
+fn fixture_cache() -> std::path::PathBuf {
+    repo_root().join("tests/fixtures/image-cache")
+}
+
+/// Runs `voidbox` in the repository root against the fixture image cache, HOME in `home`.
+fn run_fixture(home: &Path, args: &[&str]) -> Run {
+    let xdg = fixture_cache();
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", &xdg)
+        .env("HOME", home)
+        .env_remove("VOIDBOX_DNS_UPSTREAMS");
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
+        .into()
+}
+
+/// Runs `voidbox ARGS` with stdout a pipe whose read end is already closed (as
+/// `voidbox image ls | head -1` once `head` has exited), so that every write to stdout fails
+/// with `EPIPE`; returns the exit code and stderr.
+fn with_closed_stdout(home: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", fixture_cache())
+        .env("HOME", home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn closed_stdout_exits_quietly_with_0() {
+    let home = tempfile::tempdir().expect("home");
+    // Each of these writes to stdout (against the fixture image cache); `schema`, `graph`
+    // and `apply --dry-run` use `print!`, which panics on EPIPE unless the binary handles it.
+    let skills_spec = write_file(
+        home.path(),
+        "skills.yaml",
+        "kind: agent\nname: s\nllm: {provider: mock}\nagent:\n  prompt: hi\n  skills: [\"cli:awk\"]\n",
+    );
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["schema"],
+        vec!["image", "ls"],
+        vec!["image", "verify"],
+        vec!["snapshot", "ls"],
+        vec!["runtimes", "ls"],
+        vec!["oci", "ls"],
+        vec!["doctor"],
+        vec!["graph", "examples/fan-out.yaml"],
+        vec!["graph", "--format", "mermaid", "examples/workflow.yaml"],
+        vec!["skills", &skills_spec],
+        vec!["apply", "--dry-run", "examples/fan-out.yaml"],
+        vec!["validate", "examples"],
+        vec!["--help"],
+    ];
+    for args in commands {
+        let (code, stderr) = with_closed_stdout(home.path(), &args);
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "voidbox {args:?} on a closed stdout:\n{stderr}"
+        );
+        // 0, as ripgrep: the reader stopped reading on purpose (`| head -1`), so under
+        // `set -o pipefail` the pipeline must not fail; never 101 (a panic).
+        assert_eq!(code, Some(0), "voidbox {args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn misspelt_run_flag_is_a_usage_error_not_the_command() {
+    let xdg = tempfile::tempdir().expect("xdg");
+    let home = tempfile::tempdir().expect("home");
+    let t0 = Instant::now();
+    let r = run_isolated(
+        BIN,
+        xdg.path(),
+        home.path(),
+        &["run", "--memory", "512", "--", "true"],
+        &[],
+        &[],
+    );
+    assert_eq!(r.code, Some(2), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("unexpected argument '--memory'"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("tip: a similar argument exists: '--memory-mb'"),
+        "{}",
+        r.stderr
+    );
+    // Refused while parsing: no guest image is looked for or built, no VM is started.
+    assert!(
+        !r.stderr.contains("guest") && !r.stderr.contains("image"),
+        "{}",
+        r.stderr
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // The command still takes hyphens after its first word, and anything after `--`.
+    let r = run_isolated(
+        BIN,
+        xdg.path(),
+        home.path(),
+        &["run", "--vcpus", "0", "ls", "-la"],
+        &[],
+        &[],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("--vcpus"), "{}", r.stderr);
+}
+
+#[test]
+fn run_program_missing_from_the_guest_image_is_invalid() {
+    let home = tempfile::tempdir().expect("home");
+    let dir = home.path();
+    let spec = write_file(
+        dir,
+        "typo.yaml",
+        "kind: sandbox\nname: typo\nrun:\n  program: ehco\n  args: [hi]\n",
+    );
+    let r = run_fixture(dir, &["validate", &spec]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("voidbox::program_not_found"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("typo.yaml:4:12"), "{}", r.stdout);
+    assert!(r.stdout.contains("did you mean `echo`?"), "{}", r.stdout);
+    let r = run_fixture(dir, &["validate", "--format", "json", &spec]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let d = &doc["files"][0]["diagnostics"][0];
+    assert_eq!(d["code"], "voidbox::program_not_found", "{d}");
+    assert_eq!(
+        (d["line"].as_u64(), d["column"].as_u64()),
+        (Some(4), Some(12))
+    );
+    // `--dry-run` refuses it before any VM (an invalid spec: exit 2).
+    let r = run_fixture(dir, &["apply", "--dry-run", &spec]);
+    assert_eq!(r.code, Some(2), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("voidbox::program_not_found"),
+        "{}",
+        r.stderr
+    );
+    // Not checked: absolute paths, programs of a `sandbox.image` (the OCI image has its own
+    // PATH), and a box of a pipeline whose own image differs — but its sibling is.
+    let fine = write_file(
+        dir,
+        "fine.yaml",
+        "kind: pipeline\nname: p\npipeline:\n  boxes:\n    - name: a\n      sandbox: {image: 'python:3.12'}\n      run: {program: python3}\n    - name: b\n      run: {program: /opt/tool}\n    - name: c\n      run: {program: awk}\n",
+    );
+    let r = run_fixture(dir, &["validate", &fine]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    let boxed = write_file(
+        dir,
+        "boxed.yaml",
+        "kind: pipeline\nname: p\npipeline:\n  boxes:\n    - name: a\n      sandbox: {image: 'python:3.12'}\n      run: {program: python3}\n    - name: b\n      run: {program: python3}\n",
+    );
+    let r = run_fixture(dir, &["validate", "--format", "github", &boxed]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.stdout.lines().count(), 1, "{}", r.stdout);
+    assert!(r.stdout.contains("line=9,col=22"), "{}", r.stdout);
+}
+
+#[test]
+fn terminal_escapes_in_a_spec_are_shown_not_sent() {
+    let home = tempfile::tempdir().expect("home");
+    let dir = home.path();
+    // ESC ] 0 ; … BEL retitles a terminal; ESC [ 2 J clears it.
+    let in_string = write_file(
+        dir,
+        "name.yaml",
+        "kind: sandbox\nname: \"\u{1b}]0;pwned\u{7}\"\nrun: {program: echo}\n",
+    );
+    let in_key = write_file(
+        dir,
+        "key.yaml",
+        "kind: sandbox\nname: ok\n\"ke\u{1b}]0;x\u{7}y\": 1\nrun: {program: echo, args: [\"\u{1b}[2J\"]}\n",
+    );
+    for format in ["human", "github", "json"] {
+        for spec in [&in_string, &in_key] {
+            let r = run_fixture(dir, &["validate", "--format", format, spec]);
+            assert_eq!(r.code, Some(1), "{format} {spec}: {}{}", r.stdout, r.stderr);
+            let all = format!("{}{}", r.stdout, r.stderr);
+            assert!(
+                !all.contains('\u{1b}') && !all.contains('\u{7}'),
+                "{format} {spec}: raw control characters in {all:?}"
+            );
+        }
+    }
+    let r = run_fixture(dir, &["validate", &in_string]);
+    assert!(
+        r.stdout.contains("name: \"\\u{1b}]0;pwned\\u{7}\""),
+        "{}",
+        r.stdout
+    );
+    let r = run_fixture(dir, &["validate", &in_key]);
+    assert!(
+        r.stdout.contains("unknown field `ke\\u{1b}]0;x\\u{7}y`"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("\"ke\\u{1b}]0;x\\u{7}y\": 1"),
+        "{}",
+        r.stdout
+    );
+    // JSON keeps the text, escaped by JSON itself.
+    let r = run_fixture(dir, &["validate", "--format", "json", &in_key]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let msg = doc["files"][0]["diagnostics"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("ke\u{1b}]0;x\u{7}y"), "{msg:?}");
+    // The same diagnostics on stderr, from `graph` and `apply --dry-run`.
+    for cmd in ["graph", "apply"] {
+        let mut args = vec![cmd];
+        if cmd == "apply" {
+            args.push("--dry-run");
+        }
+        args.push(&in_string);
+        let r = run_fixture(dir, &args);
+        assert!(r.code != Some(0), "{}", r.stderr);
+        assert!(
+            !r.stderr.contains('\u{1b}') && r.stderr.contains("\\u{1b}"),
+            "{:?}",
+            r.stderr
+        );
+    }
+}
