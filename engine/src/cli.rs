@@ -73,6 +73,13 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ReportFormat::Human)]
     pub format: ReportFormat,
+    /// Skip named files that are not voidbox specs too, as a directory walk does (for hooks
+    /// that pass every staged YAML file).
+    #[arg(long)]
+    pub only_specs: bool,
+    /// Name each YAML file skipped as not a voidbox spec (on stderr).
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
 /// Diagnostic output formats.
@@ -132,6 +139,10 @@ pub struct ApplyArgs {
     /// Write the run's trace to FILE as OTLP JSON (with or without an OTLP collector).
     #[arg(long, value_name = "FILE", conflicts_with = "dry_run")]
     pub trace: Option<PathBuf>,
+    /// Do not connect to the agents' model endpoints before starting (by default an
+    /// unreachable one is refused, exit 3): for an endpoint that comes up during the run.
+    #[arg(long)]
+    pub no_endpoint_check: bool,
 }
 
 /// The limits `voidbox apply --help` documents after the options.
@@ -229,18 +240,38 @@ fn color_stderr() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
+/// The files `validate` checks, and the YAML files it skipped as not voidbox specs.
+#[derive(Debug, Default)]
+pub struct SpecFiles {
+    /// Files to validate.
+    pub files: Vec<PathBuf>,
+    /// YAML files that are not specs ([`looks_like_spec`](crate::spec::yaml::looks_like_spec)).
+    pub skipped: Vec<PathBuf>,
+}
+
 /// Expands the given paths into spec files (directories recursively, sorted, hidden
-/// directories skipped). Errors are I/O problems with a path.
-pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
-    let mut files = Vec::new();
+/// directories skipped). YAML found by a directory walk that is not a voidbox spec is skipped;
+/// a file named explicitly is always checked unless `only_specs`. Errors are I/O problems
+/// with a path, or a directory without specs.
+pub fn collect_spec_files(paths: &[PathBuf], only_specs: bool) -> Result<SpecFiles, String> {
+    let mut out = SpecFiles::default();
+    // A file that cannot be read is kept: validating it reports the I/O error.
+    let keep = |out: &mut SpecFiles, path: PathBuf| match std::fs::read_to_string(&path) {
+        Ok(src) if !crate::spec::yaml::looks_like_spec(&src) => out.skipped.push(path),
+        _ => out.files.push(path),
+    };
     for p in paths {
         let meta =
             std::fs::metadata(p).map_err(|e| format!("{}: {}", p.display(), io_reason(&e)))?;
         if !meta.is_dir() {
-            files.push(p.clone());
+            if only_specs {
+                keep(&mut out, p.clone());
+            } else {
+                out.files.push(p.clone());
+            }
             continue;
         }
-        let before = files.len();
+        let (before, skipped_before) = (out.files.len(), out.skipped.len());
         let walker = walkdir::WalkDir::new(p)
             .sort_by_file_name()
             .into_iter()
@@ -261,17 +292,22 @@ pub fn collect_spec_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
                 .extension()
                 .is_some_and(|x| x == "yaml" || x == "yml");
             if entry.file_type().is_file() && is_yaml {
-                files.push(entry.into_path());
+                keep(&mut out, entry.into_path());
             }
         }
-        if files.len() == before {
-            return Err(format!(
-                "{}: no *.yaml or *.yml spec files found",
-                p.display()
-            ));
+        if out.files.len() == before {
+            let skipped = out.skipped.len() - skipped_before;
+            return Err(match skipped {
+                0 => format!("{}: no *.yaml or *.yml spec files found", p.display()),
+                n => format!(
+                    "{}: no voidbox spec files found ({n} YAML file{} without `api_version`/`kind` skipped)",
+                    p.display(),
+                    if n == 1 { "" } else { "s" }
+                ),
+            });
         }
     }
-    Ok(files)
+    Ok(out)
 }
 
 fn validate_cmd(args: &ValidateArgs) -> ExitCode {
@@ -280,13 +316,21 @@ fn validate_cmd(args: &ValidateArgs) -> ExitCode {
     } else {
         args.paths.clone()
     };
-    let files = match collect_spec_files(&paths) {
+    let SpecFiles { files, skipped } = match collect_spec_files(&paths, args.only_specs) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    if args.verbose {
+        for f in &skipped {
+            eprintln!(
+                "skipped {}: not a voidbox spec (no `api_version`; no `kind`, or Kubernetes' `apiVersion`)",
+                crate::diagnostic::visible(&f.display().to_string())
+            );
+        }
+    }
     let mut reports: Vec<FileReport> = Vec::with_capacity(files.len());
     let mut io_errors = Vec::new();
     for f in &files {
@@ -312,17 +356,22 @@ fn validate_cmd(args: &ValidateArgs) -> ExitCode {
                 let _ = out.write_all(r.render_human(color).as_bytes());
             }
             let total = reports.len();
+            let skipped = match skipped.len() {
+                0 => String::new(),
+                n if args.verbose => format!(" ({n} other YAML skipped)"),
+                n => format!(" ({n} other YAML skipped; --verbose names them)"),
+            };
             if invalid == 0 {
                 let _ = writeln!(
                     out,
-                    "{total} spec file{} valid{}",
+                    "{total} spec file{} valid{}{skipped}",
                     if total == 1 { "" } else { "s" },
                     plural_suffix(", ", warnings, "warning")
                 );
             } else {
                 let _ = writeln!(
                     out,
-                    "{invalid} of {total} spec file{} invalid: {}{}",
+                    "{invalid} of {total} spec file{} invalid: {}{}{skipped}",
                     if total == 1 { "" } else { "s" },
                     plural_suffix("", errors, "error"),
                     plural_suffix(", ", warnings, "warning")
@@ -354,6 +403,7 @@ fn validate_cmd(args: &ValidateArgs) -> ExitCode {
                     "errors": errors,
                     "warnings": warnings,
                     "io_errors": io_errors,
+                    "skipped": skipped,
                 }
             });
             let _ = writeln!(
@@ -443,7 +493,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
     .map(std::sync::Arc::new);
     if args.dry_run {
         let mut plan = plan;
-        return ExitCode::from(dry_run(&mut plan, spec.as_deref(), !args.no_snapshot));
+        return ExitCode::from(dry_run(&mut plan, spec.as_deref(), args));
     }
     if plan.mode == SandboxMode::Mock {
         eprintln!(
@@ -472,6 +522,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         snapshots: !args.no_snapshot,
         spec,
         trace_file: args.trace.clone(),
+        endpoint_check: !args.no_endpoint_check,
         ..crate::apply::ApplyOptions::default()
     };
     ExitCode::from(crate::apply::apply(plan, &opts))
@@ -483,8 +534,9 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
 fn dry_run(
     plan: &mut Plan,
     spec: Option<&crate::apply::refusals::SpecSource>,
-    snapshots: bool,
+    args: &ApplyArgs,
 ) -> u8 {
+    let snapshots = !args.no_snapshot;
     use crate::apply::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
         eprintln!("{msg}");
@@ -497,8 +549,15 @@ fn dry_run(
     let mut r = refusals::check_spec(plan, src);
     if r.is_empty() {
         // A provider, key or login that cannot work here (as `apply` would refuse it).
-        if let Err(f) = crate::apply::runtime::endpoints(plan, &|k| std::env::var(k).ok()) {
-            r = crate::apply::runtime::endpoint_refusals(plan, src, f);
+        match crate::apply::runtime::endpoints(plan, &|k| std::env::var(k).ok()) {
+            Err(f) => r = crate::apply::runtime::endpoint_refusals(plan, src, f),
+            // A model endpoint that is down (as `apply` would refuse it).
+            Ok(e) if !args.no_endpoint_check => {
+                if let Err(code) = crate::apply::check_endpoints(plan, Some(src), &e) {
+                    return code;
+                }
+            }
+            Ok(_) => {}
         }
     }
     if r.is_empty() {

@@ -32,9 +32,12 @@ impl From<Output> for Run {
     }
 }
 
-/// Writes `text` to `dir/name` and returns the path as a string (for CLI arguments).
+/// Writes `text` to `dir/name` (making its directories) and returns the path as a string (for CLI arguments).
 pub fn write_file(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
     p.to_string_lossy().into_owned()
 }

@@ -256,3 +256,227 @@ fn terminal_escapes_in_a_spec_are_shown_not_sent() {
         );
     }
 }
+
+/// A directory like a real repository's: one spec among YAML that is not voidbox's.
+fn mixed_repo(dir: &Path) {
+    write_file(
+        dir,
+        ".pre-commit-config.yaml",
+        "repos:\n  - repo: local\n    hooks: []\n",
+    );
+    write_file(dir, ".pre-commit-hooks.yaml", "- id: x\n  entry: x\n");
+    write_file(
+        dir,
+        "ci/workflow.yml",
+        "on: push\njobs:\n  t: {runs-on: ubuntu-latest, steps: [{run: make}]}\n",
+    );
+    write_file(
+        dir,
+        "deploy/app.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: app}\n",
+    );
+    write_file(
+        dir,
+        "specs/hello.yaml",
+        "api_version: v1\nkind: sandbox\nname: hello\nrun: {program: echo, args: [hi]}\n",
+    );
+}
+
+#[test]
+fn validate_skips_yaml_that_is_not_a_spec() {
+    let home = tempfile::tempdir().expect("home");
+    let repo = tempfile::tempdir().expect("repo");
+    mixed_repo(repo.path());
+    let root = repo.path().to_str().expect("utf-8");
+    let r = run_fixture(home.path(), &["validate", root]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("1 spec file valid (4 other YAML skipped; --verbose names them)"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+    let r = run_fixture(home.path(), &["validate", "--verbose", root]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    for f in [
+        ".pre-commit-config.yaml",
+        ".pre-commit-hooks.yaml",
+        "ci/workflow.yml",
+        "deploy/app.yaml",
+    ] {
+        assert!(
+            r.stderr
+                .contains(&format!("skipped {root}/{f}: not a voidbox spec")),
+            "{f}: {}",
+            r.stderr
+        );
+    }
+    let r = run_fixture(home.path(), &["validate", "--format", "json", root]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(doc["summary"]["files"], 1, "{doc}");
+    assert_eq!(doc["summary"]["skipped"].as_array().map(Vec::len), Some(4));
+    // A file named explicitly is still checked…
+    let config = format!("{root}/.pre-commit-config.yaml");
+    let r = run_fixture(home.path(), &["validate", &config]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("kind"), "{}", r.stdout);
+    // …unless the hook's `--only-specs` says to judge it as a walk would.
+    let spec = format!("{root}/specs/hello.yaml");
+    let r = run_fixture(home.path(), &["validate", "--only-specs", &config, &spec]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("1 spec file valid (1 other YAML skipped"));
+    // A directory with no spec at all is still an error.
+    let r = run_fixture(home.path(), &["validate", &format!("{root}/deploy")]);
+    assert_eq!(r.code, Some(2), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("no voidbox spec files found (1 YAML file without"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The README's pre-commit snippet, run by the real `pre-commit` against this repository's
+/// hook definition: it passes in a repository whose other YAML is not voidbox's, and fails on
+/// an invalid spec.
+#[test]
+fn the_pre_commit_hook_checks_specs_and_leaves_other_yaml_alone() {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .expect("HOME");
+    let pre_commit = cache.join("voidbox/wheel-tools/bin/pre-commit");
+    assert!(
+        pre_commit.is_file(),
+        "{} missing: run scripts/wheel.sh --tools-only (scripts/test.sh does)",
+        pre_commit.display()
+    );
+    let repo = tempfile::tempdir().expect("repo");
+    let bin = tempfile::tempdir().expect("bin");
+    std::os::unix::fs::symlink(BIN, bin.path().join("voidbox")).expect("symlink");
+    mixed_repo(repo.path());
+    let git = |args: &[&str]| {
+        let s = Command::new("git")
+            .args(args)
+            .current_dir(repo.path())
+            .stdout(Stdio::null())
+            .status()
+            .expect("git");
+        assert!(s.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let hook = |home: &Path| {
+        let out = Command::new(&pre_commit)
+            .args(["try-repo", "--all-files", "--color", "never"])
+            .arg(repo_root())
+            .arg("voidbox-validate")
+            .current_dir(repo.path())
+            .env("PATH", &path)
+            .env("PRE_COMMIT_HOME", home)
+            .env("XDG_CACHE_HOME", fixture_cache())
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("pre-commit");
+        let run: Run = out.into();
+        run
+    };
+    let home = tempfile::tempdir().expect("pre-commit home");
+    let r = hook(home.path());
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("voidbox validate") && r.stdout.contains("Passed"),
+        "{}",
+        r.stdout
+    );
+    write_file(
+        repo.path(),
+        "specs/broken.yaml",
+        "api_version: v1\nkind: sandbox\nname: broken\nrun: {program: echo}\nmemroy_mb: 1\n",
+    );
+    git(&["add", "-A"]);
+    let r = hook(home.path());
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("Failed"), "{}", r.stdout);
+    assert!(r.stdout.contains("broken.yaml:5:1"), "{}", r.stdout);
+}
+
+#[test]
+fn an_unreachable_model_endpoint_is_refused_before_any_vm() {
+    let home = tempfile::tempdir().expect("home");
+    let dir = home.path();
+    // A loopback port that nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let spec = write_file(
+        dir,
+        "local.yaml",
+        &format!(
+            "api_version: v1\nkind: pipeline\nname: local\npipeline:\n  boxes:\n    - name: ask\n      prompt: hi\n      llm: {{provider: custom, base_url: \"http://127.0.0.1:{port}\", model: m}}\n    - {{name: after, run: {{program: cat}}}}\n"
+        ),
+    );
+    for dry in [false, true] {
+        let mut args = vec!["apply"];
+        if dry {
+            args.push("--dry-run");
+        }
+        args.push(&spec);
+        let t0 = Instant::now();
+        let r = run_fixture(dir, &args);
+        assert_eq!(r.code, Some(3), "dry-run {dry}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains(&format!(
+                "local.yaml:8:31: `pipeline.boxes[0].llm.base_url`: http://127.0.0.1:{port}/ is unreachable"
+            )),
+            "{}",
+            r.stderr
+        );
+        assert!(r.stderr.contains("refused"), "{}", r.stderr);
+        assert!(r.stderr.contains("--no-endpoint-check"), "{}", r.stderr);
+        assert!(r.stderr.contains("nothing was started"), "{}", r.stderr);
+        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    }
+    // The override names itself; the flag skips the check.
+    let mut cmd = Command::new(BIN);
+    let r: Run = cmd
+        .args(["apply", "--dry-run", &spec])
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", fixture_cache())
+        .env("HOME", dir)
+        .env(
+            "VOIDBOX_LLM_BASE_URL",
+            format!("http://127.0.0.1:{port}/v1"),
+        )
+        .output()
+        .expect("run")
+        .into();
+    assert_eq!(r.code, Some(3), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("node `ask`: VOIDBOX_LLM_BASE_URL: http://127.0.0.1:"),
+        "{}",
+        r.stderr
+    );
+    let r = run_fixture(dir, &["apply", "--dry-run", "--no-endpoint-check", &spec]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("pipeline `local`"), "{}", r.stdout);
+    // An endpoint that is up passes.
+    let open = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let up = write_file(
+        dir,
+        "up.yaml",
+        &std::fs::read_to_string(&spec).expect("spec").replace(
+            &port.to_string(),
+            &open.local_addr().expect("addr").port().to_string(),
+        ),
+    );
+    let r = run_fixture(dir, &["apply", "--dry-run", &up]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+}

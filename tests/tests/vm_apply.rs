@@ -63,6 +63,11 @@ struct Apply {
 }
 
 fn apply(dir: &Path, tag: &str, args: &[&str]) -> Apply {
+    apply_env(dir, tag, args, &[])
+}
+
+/// [`apply`] with extra environment variables.
+fn apply_env(dir: &Path, tag: &str, args: &[&str], env: &[(&str, &str)]) -> Apply {
     let (k, v) = tag.split_once('=').unwrap();
     let t0 = Instant::now();
     let out = Command::new(VOIDBOX)
@@ -74,6 +79,7 @@ fn apply(dir: &Path, tag: &str, args: &[&str]) -> Apply {
         .env("NO_COLOR", "1")
         .env("TMPDIR", dir)
         .env(k, v)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     Apply {
@@ -229,7 +235,8 @@ pipeline:
     - name: sleeper
       run: {program: sleep, args: ["600"]}
     - name: bad
-      run: {program: sh, args: [-c, "echo broken >&2; exit 3"]}
+      run: {program: sh, args: [-c, "echo broken >&2; printf 'key %s \\033]0;pwned\\007\\n' \"$FF_SECRET\" >&2; exit 3"]}
+      sandbox: {env: {FF_SECRET: ""}}
     - name: after
       run: {program: "true"}
   stages:
@@ -238,25 +245,34 @@ pipeline:
 "#,
     );
     let junit = dir.path().join("junit.xml");
-    let r = apply(
+    // The host value `sandbox.env` passes on: a secret that no report may show.
+    let secret = "ff-secret-5c1d0e9a7b";
+    let r = apply_env(
         dir.path(),
         &tag,
         &[
             spec.to_str().unwrap(),
             "--max-parallel",
             "2",
+            "--output",
+            "json",
             "--junit",
             junit.to_str().unwrap(),
         ],
+        &[("FF_SECRET", secret)],
     );
     assert_eq!(r.code, Some(1), "stderr:\n{}", r.stderr);
-    assert!(r.stdout.is_empty(), "no output on failure: {}", r.stdout);
     assert!(r.took < Duration::from_secs(300), "took {:?}", r.took);
+    // The failed node's stderr, under it in the summary: redacted, escapes made visible.
     for want in [
         "sleeper  cancelled",
+        "cancelled: sibling 'bad' failed (on_failure: fail_fast)",
         "bad      failed",
         "after    skipped",
         "exit code 3",
+        "stderr, last 2 lines:",
+        "| broken",
+        "| key [REDACTED] \\u{1b}]0;pwned\\u{7}",
     ] {
         assert!(
             r.stderr.contains(want),
@@ -264,15 +280,42 @@ pipeline:
             r.stderr
         );
     }
+    assert!(
+        !r.stderr.contains('\u{1b}'),
+        "a raw escape reached the terminal"
+    );
+    assert!(
+        !r.stderr.contains("died"),
+        "a cancellation is not a crash:\n{}",
+        r.stderr
+    );
+    let doc: Value = serde_json::from_str(&r.stdout).expect("the JSON report on stdout");
+    let nodes = doc["nodes"].as_array().unwrap();
+    assert_eq!(
+        nodes[1]["stderr_tail"], "broken\nkey [REDACTED] \u{1b}]0;pwned\u{7}\n",
+        "{doc}"
+    );
+    assert_eq!(nodes[0]["stderr_tail"], Value::Null, "only failed nodes");
+    assert_eq!(
+        nodes[0]["error"],
+        "cancelled: sibling 'bad' failed (on_failure: fail_fast)"
+    );
     let x = std::fs::read_to_string(&junit).unwrap();
     assert!(
         x.contains("<failure message=\"sh failed: exit code 3\""),
         "{x}"
     );
     assert!(
-        x.contains("<system-err>broken\n</system-err>"),
+        x.contains("<system-err>broken\nkey [REDACTED] ]0;pwned\n</system-err>"),
         "stderr tail in JUnit: {x}"
     );
+    assert!(
+        x.contains("<skipped message=\"cancelled: sibling &apos;bad&apos; failed"),
+        "{x}"
+    );
+    for text in [&r.stdout, &r.stderr, &x] {
+        assert!(!text.contains(secret), "the secret leaked:\n{text}");
+    }
     assert_no_leftovers(&tag);
     assert_tmp_clean(dir.path());
 }

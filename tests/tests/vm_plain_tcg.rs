@@ -249,6 +249,16 @@ fn plain_image_boots_under_emulated_svm() {
                 }
                 return;
             }
+            // QEMU's TCG emulation of SVM now and then faults a VM that the same session
+            // booted and restored fine (`triple fault at rip 0xfff0`, KVM's reset vector after
+            // the shutdown): retried once; a voidbox bug faults again.
+            Outcome::Failed(why) if attempt == 1 && s.console.contains("triple fault") => {
+                eprintln!(
+                "an L2 VM triple-faulted under the emulated SVM ({why}), retrying once; console \
+                 tail:\n{}",
+                tail(&s.console, 30)
+            )
+            }
             Outcome::Failed(why) => panic!(
                 "voidbox failed in the L1 (attempt {attempt}):\n{why}\n--- console tail ---\n{}",
                 tail(&s.console, 80)

@@ -420,7 +420,10 @@ impl VmExecutor {
             Err(e) => exec_failure(&program_of(job), e),
         };
         a.exec = Some(exec);
-        a.stderr_tail = stderr.text();
+        // The tail goes to the summary, the JSON report and JUnit: the node's secrets never do.
+        a.stderr_tail = crate::kit::Secrets::for_node(&job.node)
+            .redact(&stderr.text())
+            .0;
         a.guest = guest;
         a.phases.provision = Some((provision_t0, exec_wall));
         a.phases.exec = Some((exec_wall, exec_end));

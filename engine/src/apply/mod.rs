@@ -18,11 +18,13 @@ pub mod executor;
 pub mod images;
 pub mod policy;
 pub mod progress;
+pub mod reachable;
 pub mod refusals;
 pub mod report;
 pub mod runtime;
 pub mod scheduler;
 
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,6 +78,9 @@ pub struct ApplyOptions {
     pub spec: Option<Arc<refusals::SpecSource>>,
     /// `--trace FILE`: the run's spans as OTLP JSON.
     pub trace_file: Option<PathBuf>,
+    /// Connect to every model endpoint before anything starts ([`reachable`]); `false`:
+    /// `--no-endpoint-check`.
+    pub endpoint_check: bool,
 }
 
 impl Default for ApplyOptions {
@@ -92,6 +97,7 @@ impl Default for ApplyOptions {
             snapshots: true,
             spec: None,
             trace_file: None,
+            endpoint_check: true,
         }
     }
 }
@@ -173,6 +179,53 @@ pub fn fetch_remotes(plan: &mut Plan, spec: Option<&refusals::SpecSource>) -> Re
     Err(refusals::EXIT_REFUSED)
 }
 
+/// Connects to every model endpoint of `endpoints` ([`reachable::check`]); on a failure
+/// prints where each unreachable URL is set and returns [`refusals::EXIT_REFUSED`].
+pub fn check_endpoints(
+    plan: &Plan,
+    spec: Option<&refusals::SpecSource>,
+    endpoints: &HashMap<String, crate::providers::Endpoint>,
+) -> Result<(), u8> {
+    let env = |k: &str| std::env::var(k).ok();
+    let down = reachable::check(plan, endpoints, &env);
+    if down.is_empty() {
+        return Ok(());
+    }
+    let help = "start it first (a local model: e.g. `scripts/local-model.sh start`), fix the URL, \
+                or pass `--no-endpoint-check` if it comes up while the run starts";
+    let mut r = Vec::new();
+    for d in &down {
+        let via = d
+            .via
+            .as_ref()
+            .map_or(String::new(), |p| format!(" through the proxy {p}"));
+        let message = format!("{} is unreachable{via}: {}", d.url, d.why);
+        for node in &d.nodes {
+            match (reachable::url_field(plan, node, &env), spec) {
+                (reachable::UrlSource::Spec(field), Some(src)) => r.push(refusals::locate(
+                    plan,
+                    src,
+                    node,
+                    field,
+                    message.clone(),
+                    help,
+                )),
+                (reachable::UrlSource::Env(var), _) => {
+                    eprintln!("error: node `{node}`: {var}: {message}\n  help: {help}")
+                }
+                (_, None) => eprintln!("error: node `{node}`: {message}\n  help: {help}"),
+            }
+        }
+    }
+    // Nodes sharing the spec's `llm.base_url` share one refusal.
+    r.dedup_by(|a, b| (a.line, a.column, &a.message) == (b.line, b.column, &b.message));
+    match spec.filter(|_| !r.is_empty()) {
+        Some(src) => eprint!("{}", refusals::render(src, &r)),
+        None => eprintln!("error: a model endpoint is unreachable; nothing was started"),
+    }
+    Err(refusals::EXIT_REFUSED)
+}
+
 /// Runs `plan` with the real VM executor, printing progress, summary and reports.
 /// Returns the exit code.
 pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
@@ -220,6 +273,11 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return refusals::EXIT_REFUSED;
         }
     };
+    if opts.endpoint_check {
+        if let Err(code) = check_endpoints(&plan, opts.spec.as_deref(), &endpoints) {
+            return code;
+        }
+    }
     let mut plan = plan;
     if let Err(code) = fetch_remotes(&mut plan, opts.spec.as_deref()) {
         return code;

@@ -155,6 +155,17 @@ impl<'a> Located<'a> {
         }
     }
 
+    /// The node's `llm.KEY`, else the spec's.
+    fn llm_field(&self, key: &str) -> Option<(String, Span)> {
+        if let Some((node, prefix)) = &self.own {
+            if let Some((k, _)) = node.get("llm").and_then(|l| l.entry(key)) {
+                return Some((format!("{prefix}.llm.{key}"), k.span));
+            }
+        }
+        let (k, _) = self.src.root.get("llm").and_then(|l| l.entry(key))?;
+        Some((format!("llm.{key}"), k.span))
+    }
+
     /// The node's skills with their field paths and spans.
     fn skills(&self) -> Vec<(String, &'a Node)> {
         let Some((node, prefix)) = &self.own else {
@@ -180,6 +191,8 @@ pub enum NodeField<'f> {
     Skill(usize),
     /// The node's `llm.provider` (its own, else the spec's, else where the default applies).
     Provider,
+    /// The node's `llm.KEY` (its own, else the spec's; else as [`NodeField::Provider`]).
+    Llm(&'f str),
 }
 
 /// A [`Refusal`] for `field` of node `node`, located in the spec (the spec's root when the
@@ -197,12 +210,14 @@ pub fn locate(
         NodeField::Sandbox(key) => at.sandbox_field(key).map(|(f, _, span)| (f, span)),
         NodeField::Skill(i) => at.skills().into_iter().nth(i).map(|(f, n)| (f, n.span)),
         NodeField::Provider => Some(at.provider_field()),
+        NodeField::Llm(key) => Some(at.llm_field(key).unwrap_or_else(|| at.provider_field())),
     };
     let (name, span) = found.unwrap_or_else(|| {
         let name = match field {
             NodeField::Sandbox(key) => format!("sandbox.{key}"),
             NodeField::Skill(i) => format!("skills[{i}]"),
             NodeField::Provider => "llm.provider".into(),
+            NodeField::Llm(key) => format!("llm.{key}"),
         };
         (name, src.root.span)
     });

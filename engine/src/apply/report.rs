@@ -13,6 +13,8 @@
 //!                "exec_ms": int|null, "exit_code": int|null,
 //!                "signal": int|null, "output_bytes": int|null, "console_log": str|null,
 //!                "error": str|null,
+//!                "stderr_tail": str|null,   // failed / timed-out nodes: the last 8 KiB of
+//!                                           // stderr, the node's secrets redacted
 //!                "timeout": null|{ "limit": str, "secs": int },
 //!                "agent": null|{ "runtime": "claude-code"|"codex"|"mock", "provider": str,
 //!                                "model", "input_tokens", "output_tokens", "cached_tokens",
@@ -140,6 +142,9 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "output_bytes": a.filter(|_| n.status == Status::Succeeded).map(|a| a.output.len()),
                 "console_log": a.and_then(|a| a.console_log.as_ref()).map(|p| p.display().to_string()),
                 "error": a.and_then(|a| a.error.clone()),
+                "stderr_tail": a
+                    .filter(|a| failed(n.status) && !a.stderr_tail.is_empty())
+                    .map(|a| a.stderr_tail.clone()),
                 "timeout": node_timeout(plan, r, &plan.graph[idx], n).map_or(Value::Null, |t| t.to_json()),
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
@@ -166,6 +171,31 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
         "nodes": nodes,
         "timeout": run_timeout(plan, r).map_or(Value::Null, |t| t.to_json()),
     })
+}
+
+/// A node that failed or timed out (whose error and stderr the reports show).
+fn failed(s: Status) -> bool {
+    matches!(s, Status::Failed | Status::TimedOut)
+}
+
+/// Lines of a failed node's stderr tail shown in the summary.
+const SUMMARY_STDERR_LINES: usize = 10;
+/// Characters of one such line shown (the JSON report and JUnit keep it whole).
+const SUMMARY_STDERR_WIDTH: usize = 240;
+
+/// The last [`SUMMARY_STDERR_LINES`] non-blank lines of `tail`, each cut to
+/// [`SUMMARY_STDERR_WIDTH`] characters and made [`visible`](crate::diagnostic::visible) (a
+/// guest's escape sequences never reach the terminal).
+fn stderr_lines(tail: &str) -> Vec<String> {
+    let lines: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(SUMMARY_STDERR_LINES)..]
+        .iter()
+        .map(|l| {
+            let cut: String = l.chars().take(SUMMARY_STDERR_WIDTH).collect();
+            let more = if cut.len() < l.len() { " …" } else { "" };
+            format!("{}{more}", crate::diagnostic::visible(&cut))
+        })
+        .collect()
 }
 
 /// A node's `network` entry: its policy and its last attempt's denials; `null` without a
@@ -221,10 +251,20 @@ pub fn summary_table(plan: &Plan, r: &RunResult) -> String {
             .last
             .as_ref()
             .and_then(|a| a.error.as_deref())
-            .filter(|_| n.status != Status::Succeeded && n.status != Status::Cancelled)
+            .filter(|_| n.status != Status::Succeeded)
         {
             for l in e.lines().take(6) {
-                let _ = writeln!(s, "{:w$}  {l}", "");
+                let _ = writeln!(s, "{:w$}  {}", "", crate::diagnostic::visible(l));
+            }
+        }
+        if let Some(a) = n.last.as_ref().filter(|_| failed(n.status)) {
+            let lines = stderr_lines(&a.stderr_tail);
+            if !lines.is_empty() {
+                let plural = if lines.len() == 1 { "line" } else { "lines" };
+                let _ = writeln!(s, "{:w$}  stderr, last {} {plural}:", "", lines.len());
+                for l in lines {
+                    let _ = writeln!(s, "{:w$}  | {l}", "");
+                }
             }
         }
         if let Some(d) = n
@@ -342,6 +382,9 @@ pub fn junit(plan: &Plan, r: &RunResult) -> String {
             Status::Skipped | Status::Cancelled => {
                 let why = match node_timeout(plan, r, node, n) {
                     Some(t) => format!("{}: {t} fired", n.status.as_str()),
+                    None if n.status == Status::Cancelled && err.starts_with("cancelled") => {
+                        err.lines().next().unwrap_or("cancelled").to_string()
+                    }
                     None => n.status.as_str().to_string(),
                 };
                 let _ = writeln!(

@@ -417,7 +417,8 @@ pub async fn run_plan(
     let mut outputs: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut ready_at: Vec<Option<Instant>> = vec![None; n];
     let controls: Arc<Mutex<Vec<Option<NodeControl>>>> = Arc::new(Mutex::new(vec![None; n]));
-    let (abort_tx, abort_rx) = watch::channel(None::<Abort>);
+    // What the running nodes are told on an abort: the cause, and the words their reports use.
+    let (abort_tx, abort_rx) = watch::channel(None::<(Abort, Arc<str>)>);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut running = 0usize;
     let mut mem_used = 0u64;
@@ -512,7 +513,8 @@ pub async fn run_plan(
                     && d.record.status != Status::Cancelled
                 {
                     abort = Some(Abort::FailFast);
-                    let _ = abort_tx.send(abort);
+                    let why = cancel_reason(&plan, Abort::FailFast, Some(&plan.graph[d.node].name));
+                    let _ = abort_tx.send(Some((Abort::FailFast, why)));
                     stop_all(&controls);
                 }
                 progress.event(&plan, &Event::Finished { node: d.node }, Some(&d.record));
@@ -525,14 +527,14 @@ pub async fn run_plan(
                 }
             }, if abort.is_none() => {
                 abort = Some(Abort::Timeout);
-                let _ = abort_tx.send(abort);
+                let _ = abort_tx.send(Some((Abort::Timeout, cancel_reason(&plan, Abort::Timeout, None))));
                 stop_all(&controls);
             }
             Ok(()) = cancel.changed(), if abort.is_none() => {
                 let a = *cancel.borrow();
                 if let Some(a) = a {
                     abort = Some(a);
-                    let _ = abort_tx.send(abort);
+                    let _ = abort_tx.send(Some((a, cancel_reason(&plan, a, None))));
                     stop_all(&controls);
                 }
             }
@@ -564,13 +566,50 @@ pub async fn run_plan(
     }
 }
 
+/// What a node cancelled by `abort` reports: `cancelled: sibling 'x' failed`,
+/// `cancelled: interrupted (SIGINT)`, `cancelled: pipeline timeout_secs=60 s fired`.
+pub fn cancel_reason(plan: &Plan, abort: Abort, failed: Option<&str>) -> Arc<str> {
+    let why = match (abort, failed) {
+        (Abort::FailFast, Some(name)) => {
+            format!("cancelled: sibling '{name}' failed (on_failure: fail_fast)")
+        }
+        (Abort::FailFast, None) => "cancelled: a sibling failed (on_failure: fail_fast)".into(),
+        (Abort::Timeout, _) => match plan.timeout_secs {
+            Some(s) => format!("cancelled: pipeline timeout_secs={s} s fired"),
+            None => "cancelled: the pipeline timed out".into(),
+        },
+        (Abort::Signal(sig), _) => format!("cancelled: interrupted ({})", signal_name(sig)),
+    };
+    why.into()
+}
+
+/// `SIGINT` for 2, and so on; `signal N` for the rest.
+fn signal_name(sig: i32) -> String {
+    match sig {
+        1 => "SIGHUP".into(),
+        2 => "SIGINT".into(),
+        3 => "SIGQUIT".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// The cancellation words a node task was sent (a stop without an abort is a plain
+/// `cancelled`).
+fn cancelled_because(abort: &watch::Receiver<Option<(Abort, Arc<str>)>>) -> String {
+    abort
+        .borrow()
+        .as_ref()
+        .map_or_else(|| "cancelled".to_string(), |(_, why)| why.to_string())
+}
+
 struct NodeTask {
     plan: Arc<Plan>,
     idx: NodeIndex,
     input: NodeInput,
     exec: Arc<dyn Executor>,
     controls: Arc<Mutex<Vec<Option<NodeControl>>>>,
-    abort: watch::Receiver<Option<Abort>>,
+    abort: watch::Receiver<Option<(Abort, Arc<str>)>>,
     done: mpsc::UnboundedSender<Done>,
     progress: Arc<dyn Progress>,
     max_output: u64,
@@ -619,8 +658,9 @@ async fn node_task(mut t: NodeTask) {
         // A stop from outside overrides whatever the killed attempt reported.
         match ctl.stopped() {
             Some(StopReason::Cancelled) if a.status != Status::Succeeded => {
+                // The VM died because it was killed: say why it was, not how it died.
                 a.status = Status::Cancelled;
-                a.error.get_or_insert_with(|| "cancelled".into());
+                a.error = Some(cancelled_because(&t.abort));
             }
             Some(StopReason::TimedOut) if a.status != Status::Succeeded => {
                 a.status = Status::TimedOut;
@@ -650,9 +690,11 @@ async fn node_task(mut t: NodeTask) {
         );
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = t.abort.wait_for(|a| a.is_some()) => {
+            why = t.abort.wait_for(|a| a.is_some()) => {
+                let why = why.ok().and_then(|w| w.as_ref().map(|(_, why)| why.to_string()));
                 let mut a = a;
                 a.status = Status::Cancelled;
+                a.error = Some(why.unwrap_or_else(|| "cancelled".into()));
                 break a;
             }
         }

@@ -202,6 +202,15 @@ fn fail_fast_cancels_running_siblings_and_skips_the_rest() {
     assert_eq!(r.abort, Some(Abort::FailFast));
     assert_eq!(exit_code(&r), 1);
     assert!(r.output.is_none());
+    // The killed sibling says why it was killed, not that its VM died.
+    assert_eq!(
+        error_of(&r, 0).as_deref(),
+        Some("cancelled: sibling 'bad' failed (on_failure: fail_fast)")
+    );
+}
+
+fn error_of(r: &RunResult, i: usize) -> Option<String> {
+    r.nodes[i].last.as_ref().and_then(|a| a.error.clone())
 }
 
 #[test]
@@ -286,6 +295,10 @@ fn pipeline_timeout_and_signals_stop_everything() {
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(r.abort, Some(Abort::Timeout));
     assert_eq!(statuses(&r), vec![Status::Cancelled, Status::Skipped]);
+    assert_eq!(
+        error_of(&r, 0).as_deref(),
+        Some("cancelled: pipeline timeout_secs=1 s fired")
+    );
     let r = run_cancel(
         pipeline(&boxes, stages, ""),
         Arc::new(Fake::default()),
@@ -294,6 +307,10 @@ fn pipeline_timeout_and_signals_stop_everything() {
     );
     assert_eq!(r.abort, Some(Abort::Signal(libc::SIGINT)));
     assert_eq!(exit_code(&r), 130);
+    assert_eq!(
+        error_of(&r, 0).as_deref(),
+        Some("cancelled: interrupted (SIGINT)")
+    );
 }
 
 #[test]

@@ -220,6 +220,24 @@ enum Frame {
     },
 }
 
+/// Whether `src` looks like a voidbox spec rather than some other YAML file (a CI workflow,
+/// a pre-commit config, a Kubernetes manifest): its top-level mapping has `api_version`, or
+/// `kind` without Kubernetes' `apiVersion`. A file that does not parse is judged by its
+/// unindented lines, so a broken spec is still a spec (and gets its errors).
+pub fn looks_like_spec(src: &str) -> bool {
+    let judge =
+        |has: &dyn Fn(&str) -> bool| has("api_version") || (has("kind") && !has("apiVersion"));
+    match parse(src) {
+        Ok(root) => judge(&|k| root.get(k).is_some()),
+        Err(_) => judge(&|k| {
+            src.lines().any(|l| {
+                l.strip_prefix(k)
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            })
+        }),
+    }
+}
+
 /// Parses one YAML document into a spanned tree.
 pub fn parse(src: &str) -> Result<Node, LoadError> {
     let index = CharIndex::new(src);
@@ -578,6 +596,37 @@ pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn specs_are_told_from_other_yaml() {
+        use super::looks_like_spec as spec;
+        assert!(spec("api_version: v1\nkind: pipeline\n"));
+        assert!(
+            spec("kind: sandbox\nname: x\n"),
+            "void-box v1 without api_version"
+        );
+        assert!(spec("{api_version: v1}"));
+        assert!(
+            spec("api_version: v1\nkind: [unclosed\n"),
+            "a broken spec is a spec"
+        );
+        assert!(!spec("repos:\n  - repo: local\n"), "pre-commit config");
+        assert!(
+            !spec("- id: voidbox-validate\n  entry: voidbox validate\n"),
+            "hooks"
+        );
+        assert!(!spec("on: push\njobs: {}\n"), "GitHub workflow");
+        assert!(
+            !spec("apiVersion: apps/v1\nkind: Deployment\n"),
+            "Kubernetes"
+        );
+        assert!(
+            !spec("apiVersion: v1\nkind: {{ .Values.kind }}\n  bad: [\n"),
+            "a Helm template"
+        );
+        assert!(!spec(""));
+        assert!(!spec("  kind: nested\nx: 1\n"), "only top-level keys count");
+    }
+
     use super::*;
 
     fn json(src: &str) -> Value {
