@@ -188,6 +188,16 @@ fn main() {
         )
     };
     let (m, n) = (mib.to_string(), n_rr.to_string());
+    // A VM's first TCP connection (its kernel's first `connect`) before anything else, then
+    // its second: the gap is the one-time work of the first connect.
+    let one = |v: Vec<f64>| format!("{:.2} ms", v.first().copied().unwrap_or(f64::NAN) / 1e3);
+    for which in ["first", "second"] {
+        measure(
+            &format!("the VM's {which} connect+request+close via NAT"),
+            vec!["rr".into(), gw.clone(), port.to_string(), "1".into()],
+            &one,
+        );
+    }
     measure(
         &format!("throughput guest→host via NAT ({mib} MiB)"),
         vec!["tput".into(), gw.clone(), port.to_string(), m.clone()],

@@ -38,7 +38,7 @@ pub enum Command {
     Skills(crate::kit::cli::SkillsArgs),
     /// Check this host for what voidbox needs (KVM, guest image, disk, memory, host tools).
     Doctor(crate::doctor::DoctorArgs),
-    /// Manage the guest image (kernel + initramfs).
+    /// Manage the guest image (kernel + system disk).
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
     /// Manage the read-only runtimes disk (Claude Code, Codex) that agent VMs mount.
@@ -114,7 +114,8 @@ pub struct ApplyArgs {
     /// Input of the first stage: inline JSON, or `@FILE`.
     #[arg(long, value_name = "JSON|@FILE")]
     pub input: Option<String>,
-    /// What stdout carries: the pipeline's output (human) or the JSON report (json).
+    /// What stdout carries: the pipeline's output (human) or the JSON report (json); with
+    /// `--dry-run`, the plan as text or as JSON.
     #[arg(long, value_enum, default_value_t = crate::apply::OutputFormat::Human)]
     pub output: crate::apply::OutputFormat,
     /// Write a JUnit XML report (one testcase per node) to PATH.
@@ -542,8 +543,13 @@ fn dry_run(
         eprintln!("{msg}");
         return 2;
     }
+    // The plan as `--output` asks: text, or the JSON plan (`graph --format json`).
+    let plan_format = match args.output {
+        crate::apply::OutputFormat::Human => GraphFormat::Text,
+        crate::apply::OutputFormat::Json => GraphFormat::Json,
+    };
     let Some(src) = spec else {
-        print!("{}", render(plan, GraphFormat::Text));
+        print!("{}", render(plan, plan_format));
         return 0;
     };
     let mut r = refusals::check_spec(plan, src);
@@ -588,6 +594,6 @@ fn dry_run(
         eprintln!("error: {e}");
         return 2;
     }
-    print!("{}", render(plan, GraphFormat::Text));
+    print!("{}", render(plan, plan_format));
     0
 }

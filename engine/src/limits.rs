@@ -14,11 +14,18 @@ pub const MIN_VCPUS: u32 = 1;
 /// Most vCPUs.
 pub const MAX_VCPUS: u32 = voidbox_vmm::config::MAX_VCPUS as u32;
 
-/// Guest memory of a spec node without `memory_mb`, in MiB.
-pub const DEFAULT_SPEC_MEMORY_MB: u64 = 1024;
-/// Guest memory of `voidbox run` and `voidbox snapshot create` without `--memory-mb`, in
-/// MiB (one default, so the snapshot `create` makes is the one `run` restores).
+/// Guest memory of `voidbox run`, `voidbox snapshot create` and a spec's command nodes
+/// without `memory_mb` / `--memory-mb`, in MiB: one default, so the snapshot `create` makes
+/// is the one `run` and a minimal spec restore. Chosen by measurement (BENCHMARKS.md,
+/// "Default guest memory"): the guest agent and busybox need ≈20 MiB, and a cold boot or a
+/// snapshot grows with the memory the guest kernel initialises (on an interpreting KVM
+/// 1024 MiB cold-boots ≈12 s slower than 256 MiB).
 pub const DEFAULT_RUN_MEMORY_MB: u32 = 256;
+/// [`DEFAULT_RUN_MEMORY_MB`] for a spec's command nodes.
+pub const DEFAULT_SPEC_MEMORY_MB: u64 = DEFAULT_RUN_MEMORY_MB as u64;
+/// Guest memory of a spec's agent nodes without `memory_mb`, in MiB: a real runtime (Claude
+/// Code, Codex: Node.js and the model's context) needs more than a command.
+pub const DEFAULT_AGENT_MEMORY_MB: u64 = 1024;
 
 /// Time limit of a node (or `voidbox run` command) without `timeout_secs` / `--timeout`.
 pub const DEFAULT_NODE_TIMEOUT_SECS: u64 = voidbox_protocol::DEFAULT_EXEC_TIMEOUT_SECS;
@@ -29,6 +36,7 @@ pub const MAX_TIMEOUT_SECS: u64 = voidbox_protocol::MAX_EXEC_TIMEOUT_SECS;
 const _: () = assert!(
     DEFAULT_SPEC_MEMORY_MB >= MIN_MEMORY_MB
         && DEFAULT_SPEC_MEMORY_MB <= MAX_MEMORY_MB
+        && DEFAULT_AGENT_MEMORY_MB <= MAX_MEMORY_MB
         && DEFAULT_RUN_MEMORY_MB as u64 >= MIN_MEMORY_MB
         && DEFAULT_RUN_MEMORY_MB as u64 <= MAX_MEMORY_MB
         && DEFAULT_NODE_TIMEOUT_SECS <= MAX_TIMEOUT_SECS

@@ -250,6 +250,49 @@ fn snapshot_ls_and_rm_on_a_cache_dir() {
         "{}",
         r.stderr
     );
+    // Two entries of one size and image that boot different things (one with the runtimes
+    // disk, one with a network device) are told apart by `NET` and `BOOTS`.
+    for (key, image_key, network) in [
+        ("1".repeat(64), "a".repeat(64), false),
+        ("2".repeat(64), "b".repeat(64), true),
+    ] {
+        let d = dir.path().join(&key);
+        std::fs::create_dir(&d).expect("mkdir");
+        for f in ["state.snap", "memory.bin", "secret"] {
+            std::fs::write(d.join(f), b"x").expect("write");
+        }
+        let meta = serde_json::json!({
+            "key": key, "image_hash": "c".repeat(64), "image_key": image_key,
+            "extra_cmdline": [], "network": network, "memory_mb": 256, "vcpus": 1,
+            "created_unix": 1, "voidbox_version": "0.1.0", "boot_ms": 1, "snapshot_ms": 1,
+            "pause_us": 1, "state_bytes": 1,
+        });
+        std::fs::write(d.join("meta.json"), meta.to_string()).expect("meta");
+    }
+    let r = run(&["snapshot", "ls", "--cache-dir", cache]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let header = r.stdout.lines().next().unwrap_or_default();
+    assert!(
+        header.contains(" NET ") && header.contains(" BOOTS "),
+        "{}",
+        r.stdout
+    );
+    let row = |key: char| {
+        r.stdout
+            .lines()
+            .find(|l| l.starts_with(&key.to_string().repeat(12)))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", r.stdout))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row('1')[3..5], ["-", "cccccccccccc"]);
+    assert_eq!(row('1')[5], "aaaaaaaaaaaa");
+    assert_eq!(row('2')[3], "yes");
+    assert_eq!(row('2')[5], "bbbbbbbbbbbb");
+    let r = run(&["snapshot", "ls", "--cache-dir", cache, "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(doc.as_array().map(Vec::len), Some(2), "{doc}");
+    assert!(doc[0]["image_key"].as_str().is_some_and(|k| k.len() == 64));
     // An unreadable entry is listed as a warning, and `rm --all` clears it.
     let broken = dir.path().join("a".repeat(64));
     std::fs::create_dir(&broken).expect("mkdir");

@@ -480,3 +480,153 @@ fn an_unreachable_model_endpoint_is_refused_before_any_vm() {
     let r = run_fixture(dir, &["apply", "--dry-run", &up]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
 }
+
+#[test]
+fn dry_run_json_is_the_plan_as_json() {
+    let home = tempfile::tempdir().expect("home");
+    let r = run_fixture(
+        home.path(),
+        &[
+            "apply",
+            "--dry-run",
+            "--output",
+            "json",
+            "examples/fan-out.yaml",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("a JSON plan");
+    assert_eq!(doc["version"], 1);
+    assert_eq!(doc["name"], "text-stats");
+    assert_eq!(
+        doc["levels"],
+        serde_json::json!([["seed"], ["words", "upper", "lines"], ["collect"]])
+    );
+    let collect = &doc["nodes"][4];
+    assert_eq!(collect["input"]["from"], "fan_out", "{collect}");
+    assert_eq!(collect["memory_mb"], 128);
+    assert_eq!(
+        doc["output"],
+        serde_json::json!({"from": "node", "node": "collect"})
+    );
+    // The same document as `graph --format json`.
+    let g = run_fixture(
+        home.path(),
+        &["graph", "--format", "json", "examples/fan-out.yaml"],
+    );
+    assert_eq!(g.stdout, r.stdout);
+}
+
+/// The one default memory: 256 MiB for `run`, `snapshot create` and a command node without
+/// `memory_mb`; an agent node keeps 1024 MiB.
+#[test]
+fn one_default_memory() {
+    let home = tempfile::tempdir().expect("home");
+    let spec = write_file(
+        home.path(),
+        "minimal.yaml",
+        "api_version: v1\nkind: pipeline\nname: m\nllm: {provider: mock}\npipeline:\n  boxes:\n    - {name: cmd, run: {program: echo}}\n    - {name: ask, prompt: hi}\n",
+    );
+    let r = run_fixture(home.path(), &["graph", "--format", "json", &spec]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(doc["nodes"][0]["memory_mb"], 256, "{doc}");
+    assert_eq!(doc["nodes"][1]["memory_mb"], 1024, "{doc}");
+    for args in [&["run", "--help"][..], &["snapshot", "create", "--help"]] {
+        let r = run_fixture(home.path(), args);
+        assert!(
+            r.stdout.contains("[default: 256]"),
+            "{args:?}: {}",
+            r.stdout
+        );
+    }
+    let r = run_fixture(home.path(), &["schema"]);
+    assert!(r
+        .stdout
+        .contains("default: 256 for a command, 1024 for an agent"));
+}
+
+#[test]
+fn help_and_readme_say_what_voidbox_does() {
+    let home = tempfile::tempdir().expect("home");
+    let r = run_fixture(home.path(), &["--help"]);
+    assert!(!r.stdout.contains("initramfs"), "{}", r.stdout);
+    assert!(r.stdout.contains("kernel + system disk"), "{}", r.stdout);
+    // Every `$ voidbox graph …` sample in the README is the real output.
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    let mut samples = 0;
+    for block in readme.split("```text\n").skip(1) {
+        let block = block.split("```").next().unwrap_or_default();
+        let Some(cmd) = block
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("$ voidbox graph "))
+        else {
+            continue;
+        };
+        let expected: String = block.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        let mut args = vec!["graph"];
+        args.extend(cmd.split_whitespace());
+        let r = run_fixture(home.path(), &args);
+        assert_eq!(r.stdout, expected, "README sample `voidbox graph {cmd}`");
+        samples += 1;
+    }
+    assert!(samples > 0, "no `$ voidbox graph` sample in the README");
+}
+
+/// The Quick start's first step leaves a `voidbox` on PATH for every command after it: its
+/// build line is the one `scripts/test.sh` runs before the suite (so the binary is there),
+/// and its other lines up to the first `voidbox` command, run by bash in the repository,
+/// make `voidbox` resolve to that binary.
+#[test]
+fn the_quick_start_reaches_a_voidbox_command() {
+    const BUILD: &str = "cargo build --release -p voidbox";
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    let quick = readme
+        .split("## Quick start")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("a ```sh block in the Quick start");
+    assert!(
+        quick
+            .lines()
+            .any(|l| l.trim_start().starts_with("voidbox apply examples/")),
+        "the Quick start runs no `voidbox apply examples/…`:\n{quick}"
+    );
+    let setup: Vec<&str> = quick
+        .lines()
+        .take_while(|l| !l.trim_start().starts_with("voidbox "))
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .collect();
+    assert!(
+        setup.contains(&BUILD),
+        "no `{BUILD}` before the first voidbox command"
+    );
+    let test_sh = std::fs::read_to_string(repo_root().join("scripts/test.sh")).expect("test.sh");
+    assert!(
+        test_sh.lines().any(|l| l.trim() == BUILD),
+        "scripts/test.sh runs `{BUILD}`"
+    );
+    // (Running the build here would rebuild voidbox with other features than the suite's.)
+    let rest: Vec<&str> = setup.into_iter().filter(|l| *l != BUILD).collect();
+    let script = format!(
+        "set -e\n{}\ncommand -v voidbox\nvoidbox --version\n",
+        rest.join("\n")
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(repo_root())
+        .output()
+        .expect("bash");
+    let r: Run = out.into();
+    assert_eq!(r.code, Some(0), "{script}\n{}{}", r.stdout, r.stderr);
+    let want = repo_root().join("target/release/voidbox");
+    assert_eq!(
+        r.stdout.lines().next().map(Path::new),
+        Some(want.as_path()),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("voidbox 0."), "{}", r.stdout);
+}

@@ -42,7 +42,8 @@ pub fn kit_files(
 }
 
 /// The report's statistics of an agent attempt from what its runtime reported; a local
-/// endpoint costs nothing (Claude Code prices tokens at list price whatever the endpoint).
+/// endpoint and the mock runtime cost nothing (Claude Code prices tokens at list price
+/// whatever the endpoint; the mock's script may name a cost, but no money was spent).
 pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
     AgentStats {
         runtime: super::runtime::runtime_name(endpoint.runtime).into(),
@@ -51,8 +52,7 @@ pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
         input_tokens: outcome.input_tokens,
         output_tokens: outcome.output_tokens,
         cached_tokens: outcome.cached_tokens,
-        // The mock's made-up cost stays (it stands in for a paid model in tests and demos).
-        cost_usd: if endpoint.local && endpoint.runtime != crate::providers::Runtime::Mock {
+        cost_usd: if endpoint.local || endpoint.runtime == crate::providers::Runtime::Mock {
             0.0
         } else {
             outcome.cost_usd

@@ -632,6 +632,11 @@ pub fn finish(plan: &Plan, r: &RunResult, opts: &ApplyOptions) -> u8 {
         OutputFormat::Human => {
             if let Some(o) = &r.output {
                 let _ = out.write_all(o);
+                // On a terminal the prompt must not stick to `…,2]`; a redirected stdout stays
+                // byte-exact.
+                if !o.is_empty() && !o.ends_with(b"\n") && std::io::stdout().is_terminal() {
+                    let _ = out.write_all(b"\n");
+                }
             }
         }
     }

@@ -289,14 +289,19 @@ pub fn summary_table(plan: &Plan, r: &RunResult) -> String {
             }
         }
         if let Some(st) = n.last.as_ref().and_then(|a| a.agent.as_ref()) {
+            // A runtime that spent nothing (the mock, a local model) shows no dollar figure.
+            let cost = if st.cost_usd > 0.0 {
+                format!(", ${:.6}", st.cost_usd)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "{:w$}  agent ({}): {} in / {} out tokens, ${:.6}, {} tool calls",
+                "{:w$}  agent ({}): {} in / {} out tokens{cost}, {} tool calls",
                 "",
                 st.runtime,
                 st.input_tokens,
                 st.output_tokens,
-                st.cost_usd,
                 st.tool_calls.len()
             );
         }

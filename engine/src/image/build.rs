@@ -77,6 +77,21 @@ fn named_hashes<'a>(items: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<
 /// source version and compiler are not compared: that needs the toolchain, and a cached
 /// kernel built by another toolchain from the same recipe is the same kernel.) An image
 /// from an older recipe — say, without a later compat patch — must not be used silently.
+/// Why this voidbox never boots the image `m` describes (`None`: it is current). `image
+/// ls`, `image verify` and `doctor` all say "stale" for exactly these.
+pub fn stale_reason(m: &super::manifest::Manifest) -> Option<&'static str> {
+    if !m.is_current_layout() {
+        Some("old layout (kernel + initramfs)")
+    } else if m.inputs.builder_version != recipe::BUILDER_VERSION {
+        Some("made by another image builder")
+    } else if !recipe_matches(&m.kernel_inputs) {
+        Some("built from another kernel recipe (config fragments or patches)")
+    } else {
+        None
+    }
+}
+
+/// Whether a kernel built from `k` is what this voidbox's recipe builds today.
 pub fn recipe_matches(k: &KernelInputs) -> bool {
     k.builder_version == recipe::BUILDER_VERSION
         && k.kcflags.as_deref() == k.profile.kcflags()

@@ -64,11 +64,12 @@ pub enum ImageError {
 }
 
 impl ImageError {
-    /// Process exit code for the CLI: 3 for environment problems, 1 otherwise.
+    /// Process exit code for the CLI: 3 for environment problems, 2 for an image that is not
+    /// there (a hash prefix that matches nothing, as `snapshot rm` says too), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             ImageError::Environment(_) | ImageError::Probe(_) => 3,
-            ImageError::NotFound(_) => 3,
+            ImageError::NotFound(_) => 2,
             _ => 1,
         }
     }

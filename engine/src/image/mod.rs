@@ -370,6 +370,7 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                                 "initramfs_size": i.manifest.initramfs.as_ref().map(|a| a.size),
                                 "created_unix": i.manifest.created_unix,
                                 "age_seconds": age(i.manifest.created_unix),
+                                "stale": build::stale_reason(&i.manifest),
                             })
                         })
                         .collect();
@@ -380,8 +381,8 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                         eprintln!("no cached images in {}", cache.images_dir().display());
                     } else {
                         println!(
-                            "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} SOURCE",
-                            "HASH", "PROFILE", "KERNEL", "VMLINUX", "SYSTEM DISK", "AGE"
+                            "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} {:<8} STATE",
+                            "HASH", "PROFILE", "KERNEL", "VMLINUX", "SYSTEM DISK", "AGE", "SOURCE"
                         );
                         for (n, i) in images.iter().enumerate() {
                             let m = &i.manifest;
@@ -390,8 +391,13 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                                 // Listed so it can be removed; never booted.
                                 None => "old layout".to_string(),
                             };
+                            // The same verdict as `image verify` and `doctor`.
+                            let state = build::stale_reason(m).map_or_else(
+                                || "current".to_string(),
+                                |why| format!("stale: {why}"),
+                            );
                             println!(
-                                "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} {}",
+                                "{:<14} {:<8} {:<18} {:>9} {:>11} {:>8} {:<8} {state}",
                                 m.hash.get(..12).unwrap_or(&m.hash),
                                 m.profile.as_str(),
                                 m.kernel.release,
@@ -480,15 +486,9 @@ fn run(cmd: ImageCommand) -> Result<ExitCode, ImageError> {
                 // Images of the old layout, or made by an older builder, are never booted by
                 // this voidbox: verifying "all" reports them as stale (they are unused, not
                 // corrupt); naming one still verifies it against today's layout.
-                let stale = manifest::Manifest::load(&dir).ok().and_then(|m| {
-                    if m.format == manifest::LEGACY_FORMAT {
-                        Some("old layout (kernel + initramfs)")
-                    } else if m.inputs.builder_version != recipe::BUILDER_VERSION {
-                        Some("made by an older image builder")
-                    } else {
-                        None
-                    }
-                });
+                let stale = manifest::Manifest::load(&dir)
+                    .ok()
+                    .and_then(|m| build::stale_reason(&m));
                 if let (true, Some(why)) = (implicit, stale) {
                     if format == Format::Human {
                         println!(

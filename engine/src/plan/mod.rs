@@ -288,8 +288,15 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn resolve_sandbox(&self, over: Option<&SandboxOverride>) -> NodeSandbox {
+    /// The node's VM settings: the box's override, else the spec's, else the defaults (an
+    /// `agent` node gets [`DEFAULT_AGENT_MEMORY_MB`](crate::limits::DEFAULT_AGENT_MEMORY_MB)).
+    fn resolve_sandbox(&self, over: Option<&SandboxOverride>, agent: bool) -> NodeSandbox {
         let base: &Sandbox = &self.spec.sandbox;
+        let default_memory_mb = if agent {
+            crate::limits::DEFAULT_AGENT_MEMORY_MB
+        } else {
+            crate::limits::DEFAULT_SPEC_MEMORY_MB
+        };
         let abs = |p: &str| resolve(self.dir, p).into_path();
         let mut env = base.env.clone();
         let mut mounts = base.mounts.clone();
@@ -306,7 +313,10 @@ impl Builder<'_> {
             m.host = host.path().to_string_lossy().into_owned();
         }
         NodeSandbox {
-            memory_mb: over.and_then(|o| o.memory_mb).unwrap_or(base.memory_mb),
+            memory_mb: over
+                .and_then(|o| o.memory_mb)
+                .or(base.memory_mb)
+                .unwrap_or(default_memory_mb),
             vcpus: over.and_then(|o| o.vcpus).unwrap_or(base.vcpus),
             network: over
                 .and_then(|o| o.network.as_ref())
@@ -390,7 +400,7 @@ impl Builder<'_> {
                 output_file: agent.output_file.clone(),
                 mode: agent.mode,
             }),
-            sandbox: self.resolve_sandbox(None),
+            sandbox: self.resolve_sandbox(None, true),
             timeout_secs: agent.timeout_secs,
             retries: agent.retries.or(self.spec.retries).unwrap_or(0),
             input: Input::RunInput,
@@ -404,7 +414,7 @@ impl Builder<'_> {
         let node = PlanNode {
             name: self.spec.name.clone(),
             action: self.spec.run.clone().map_or(Action::Shell, Action::Command),
-            sandbox: self.resolve_sandbox(None),
+            sandbox: self.resolve_sandbox(None, false),
             timeout_secs: None,
             retries: self.spec.retries.unwrap_or(0),
             input: Input::RunInput,
@@ -465,10 +475,11 @@ impl Builder<'_> {
                         return Err(PlanError::Unknown("action of box", name.to_string()))
                     }
                 };
+                let agent = matches!(action, Action::Agent(_));
                 let node = PlanNode {
                     name: b.name.clone(),
                     action,
-                    sandbox: self.resolve_sandbox(b.sandbox.as_ref()),
+                    sandbox: self.resolve_sandbox(b.sandbox.as_ref(), agent),
                     timeout_secs: b.timeout_secs,
                     retries: b.retries.or(self.spec.retries).unwrap_or(0),
                     input: input.clone(),
@@ -520,7 +531,7 @@ impl Builder<'_> {
             let node = PlanNode {
                 name: step.name.clone(),
                 action: Action::Command(cmd),
-                sandbox: self.resolve_sandbox(step.sandbox.as_ref()),
+                sandbox: self.resolve_sandbox(step.sandbox.as_ref(), false),
                 timeout_secs: step.timeout_secs,
                 retries: step.retries.or(self.spec.retries).unwrap_or(0),
                 input: Input::RunInput,

@@ -1,5 +1,25 @@
-//! Deterministic renderings of a [`Plan`]: a level-by-level text view, Graphviz DOT and
-//! Mermaid. The same spec always renders to byte-identical output.
+//! Deterministic renderings of a [`Plan`]: a level-by-level text view, Graphviz DOT,
+//! Mermaid and JSON. The same spec always renders to byte-identical output.
+//!
+//! JSON plan, version 1 (`graph --format json`, `apply --dry-run --output json`; fields are
+//! only ever added):
+//! ```text
+//! { "version": 1, "kind": str, "name": str, "on_failure": "fail_fast"|"continue",
+//!   "timeout_secs": int|null,
+//!   "levels": [ [str] ],             // node names, level by level (parallel within a level)
+//!   "nodes": [ { "name": str, "level": int (1-based), "type": "command"|"agent"|"shell",
+//!                "fan_out": int|null,  // the fan-out group
+//!                "run": null|{ "program": str, "args": [str] },
+//!                "agent": null|{ "provider": str, "model": str|null, "prompt": str,
+//!                                "skills": int },
+//!                "memory_mb": int, "vcpus": int, "timeout_secs": int (effective),
+//!                "retries": int, "network": null|str (the policy in words),
+//!                "image": str|null, "mounts": int, "env": [str] (names only),
+//!                "input": { "from": "run_input" }|{ "from": "node", "node": str }
+//!                         |{ "from": "fan_out", "nodes": [str] }
+//!                         |{ "from": "depends_on", "nodes": [str], "stdin": str|null } } ],
+//!   "output": { "from": "node", "node": str }|{ "from": "merge", "nodes": [str] } }
+//! ```
 
 use std::fmt::Write as _;
 
@@ -19,6 +39,8 @@ pub enum GraphFormat {
     Dot,
     /// Mermaid flowchart (renders on GitHub).
     Mermaid,
+    /// One JSON document (the plan, for tools).
+    Json,
 }
 
 /// Renders `plan` in `format`.
@@ -27,7 +49,87 @@ pub fn render(plan: &Plan, format: GraphFormat) -> String {
         GraphFormat::Text => text(plan),
         GraphFormat::Dot => dot(plan),
         GraphFormat::Mermaid => mermaid(plan),
+        GraphFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&json(plan)).unwrap_or_default();
+            s.push('\n');
+            s
+        }
     }
+}
+
+/// The plan as one JSON document (see the module docs for its fields).
+pub fn json(plan: &Plan) -> serde_json::Value {
+    use serde_json::json;
+    let levels = plan.levels();
+    let level_of = |idx: NodeIndex| levels.iter().position(|l| l.contains(&idx)).map(|l| l + 1);
+    let list = |nodes: &[NodeIndex]| -> Vec<&str> {
+        nodes.iter().map(|n| plan.graph[*n].name.as_str()).collect()
+    };
+    let nodes: Vec<serde_json::Value> = plan
+        .graph
+        .node_indices()
+        .map(|idx| {
+            let n = &plan.graph[idx];
+            let (run, agent) = match &n.action {
+                Action::Command(c) => (json!({"program": c.program, "args": c.args}), json!(null)),
+                Action::Agent(a) => (
+                    json!(null),
+                    json!({
+                        "provider": a.llm.provider.as_str(),
+                        "model": a.llm.model,
+                        "prompt": a.prompt,
+                        "skills": a.skills.len(),
+                    }),
+                ),
+                Action::Shell => (json!(null), json!(null)),
+            };
+            let input = match &n.input {
+                Input::RunInput => json!({"from": "run_input"}),
+                Input::Node(p) => json!({"from": "node", "node": plan.graph[*p].name}),
+                Input::Group(g) => json!({"from": "fan_out", "nodes": list(&plan.groups[*g])}),
+                Input::Steps { deps, stdin } => json!({
+                    "from": "depends_on",
+                    "nodes": list(deps),
+                    "stdin": stdin.map(|i| plan.graph[i].name.as_str()),
+                }),
+            };
+            json!({
+                "name": n.name,
+                "level": level_of(idx),
+                "type": kind_word(n),
+                "fan_out": n.group,
+                "run": run,
+                "agent": agent,
+                "memory_mb": n.sandbox.memory_mb,
+                "vcpus": n.sandbox.vcpus,
+                "timeout_secs": n.timeout().secs,
+                "retries": n.retries,
+                "network": n.sandbox.network.as_ref().map(crate::network::summary),
+                "image": n.sandbox.image,
+                "mounts": n.sandbox.mounts.len(),
+                "env": n.sandbox.env.keys().collect::<Vec<_>>(),
+                "input": input,
+            })
+        })
+        .collect();
+    let output = match &plan.output {
+        Output::Node(n) => json!({"from": "node", "node": plan.graph[*n].name}),
+        Output::Group(g) => json!({"from": "merge", "nodes": list(&plan.groups[*g])}),
+        Output::Merge(ns) => json!({"from": "merge", "nodes": list(ns)}),
+    };
+    json!({
+        "version": 1,
+        "kind": plan.kind.as_str(),
+        "name": plan.name,
+        "on_failure": match plan.on_failure {
+            OnFailure::FailFast => "fail_fast",
+            OnFailure::Continue => "continue",
+        },
+        "timeout_secs": plan.timeout_secs,
+        "levels": levels.iter().map(|l| list(l)).collect::<Vec<_>>(),
+        "nodes": nodes,
+        "output": output,
+    })
 }
 
 fn truncate(s: &str, max: usize) -> String {

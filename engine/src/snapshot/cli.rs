@@ -95,6 +95,7 @@ fn entry_json(e: &store::Entry) -> serde_json::Value {
         "memory_mb": e.meta.memory_mb,
         "vcpus": e.meta.vcpus,
         "image_hash": e.meta.image_hash,
+        "image_key": e.meta.image_key,
         "extra_cmdline": e.meta.extra_cmdline,
         "network": e.meta.network,
         "disk_bytes": e.disk_bytes,
@@ -209,18 +210,31 @@ fn run(cmd: SnapshotCommand) -> CliResult {
                     eprintln!("no snapshots in {}", store.root().display());
                 }
                 Format::Human => {
+                    // BOOTS tells apart entries of one size and image: what the VM booted
+                    // (command line, image disks such as the runtimes disk or an OCI root
+                    // filesystem, the network device), the identity a restore checks.
                     println!(
-                        "{:<14} {:>7} {:>5} {:<14} {:>8} {:>8} {:>9}",
-                        "KEY", "MEMORY", "VCPUS", "IMAGE", "SIZE", "CREATED", "LAST-USED"
+                        "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
+                        "KEY",
+                        "MEMORY",
+                        "VCPUS",
+                        "NET",
+                        "IMAGE",
+                        "BOOTS",
+                        "SIZE",
+                        "CREATED",
+                        "LAST-USED"
                     );
                     for e in &entries {
                         let m = &e.meta;
                         println!(
-                            "{:<14} {:>7} {:>5} {:<14} {:>8} {:>8} {:>9}",
+                            "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
                             &m.key[..12],
                             format!("{}M", m.memory_mb),
                             m.vcpus,
+                            if m.network { "yes" } else { "-" },
                             &m.image_hash[..m.image_hash.len().min(12)],
+                            &m.image_key[..m.image_key.len().min(12)],
                             human_size(e.disk_bytes),
                             age(m.created_unix),
                             age(unix(e.last_used)),

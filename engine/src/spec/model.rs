@@ -117,10 +117,10 @@ pub struct Sandbox {
     /// compatibility but never fabricates results (`apply` refuses it).
     #[serde(default)]
     pub mode: SandboxMode,
-    /// Guest memory per VM, in MiB.
-    #[serde(default = "default_memory_mb")]
+    /// Guest memory per VM, in MiB (default: 256 for a command, 1024 for an agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_MEMORY_MB, max = MAX_MEMORY_MB))]
-    pub memory_mb: u64,
+    pub memory_mb: Option<u64>,
     /// Virtual CPUs per VM.
     #[serde(default = "default_vcpus")]
     #[schemars(range(min = MIN_VCPUS, max = MAX_VCPUS))]
@@ -164,10 +164,6 @@ pub struct Sandbox {
     pub limits: Option<ResourceLimits>,
 }
 
-fn default_memory_mb() -> u64 {
-    crate::limits::DEFAULT_SPEC_MEMORY_MB
-}
-
 fn default_vcpus() -> u32 {
     1
 }
@@ -176,7 +172,7 @@ impl Default for Sandbox {
     fn default() -> Self {
         Self {
             mode: SandboxMode::default(),
-            memory_mb: default_memory_mb(),
+            memory_mb: None,
             vcpus: default_vcpus(),
             network: Network::default(),
             env: BTreeMap::new(),
