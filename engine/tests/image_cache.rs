@@ -17,11 +17,12 @@ fn put_image(root: &Path, agent: &[u8]) -> String {
     put_image_built_by(root, agent, recipe::BUILDER_VERSION)
 }
 
-/// [`put_image`] as made by image builder `builder_version` (kernel inputs naming no recipe).
+/// [`put_image`] as made by image builder `builder_version` (with this tree's kernel recipe,
+/// so only the builder can make it stale).
 fn put_image_built_by(root: &Path, agent: &[u8], builder_version: u32) -> String {
     FakeImage {
         builder_version,
-        recipe_kernel: false,
+        recipe_kernel: true,
         ..FakeImage::new(agent)
     }
     .write(root)
@@ -60,9 +61,32 @@ fn images_of_an_older_builder_are_stale_unless_named() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains(&format!(
-            "stale {}: made by an older image builder",
+            "stale {}: made by another image builder",
             &a[..12]
         )),
+        "{out}"
+    );
+    // `ls` (and `doctor`) say the same: one verdict on staleness everywhere.
+    let b = put_image(root, b"\x7fELFagent-current");
+    let (_, out, _) = voidbox(root, &["ls"]);
+    let state = |h: &str| {
+        out.lines().find(|l| l.starts_with(&h[..12])).map(|l| {
+            l.split("cache")
+                .nth(1)
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+    };
+    assert_eq!(
+        state(&a).as_deref(),
+        Some("stale: made by another image builder"),
+        "{out}"
+    );
+    assert_eq!(state(&b).as_deref(), Some("current"), "{out}");
+    let (_, out, _) = voidbox(root, &["ls", "--format", "json"]);
+    assert!(
+        out.contains("\"stale\": \"made by another image builder\""),
         "{out}"
     );
     // Named, it is verified in full (here its files are intact: it passes, not called stale).
@@ -252,7 +276,7 @@ fn bundled_images_are_listed_and_verified_read_only() {
     assert_eq!(code, 0);
     assert!(
         out.lines()
-            .any(|l| l.starts_with(&bundled[..12]) && l.ends_with(" bundled")),
+            .any(|l| l.starts_with(&bundled[..12]) && l.contains(" bundled ")),
         "{out}"
     );
 

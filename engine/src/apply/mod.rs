@@ -304,7 +304,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
     let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
         Arc::new(Bars::new())
     } else {
-        Arc::new(Plain)
+        Arc::new(Plain::new())
     };
     // The run's span opens here, so preparation (images, runtimes) is part of the trace.
     let observer = match crate::observe::Observer::start(observe, &plan, progress.clone()) {

@@ -1,10 +1,11 @@
 //! Progress on stderr: indicatif spinners (one line per running node with its elapsed
-//! time) on a TTY, plain lines otherwise, nothing when silenced.
+//! time) on a TTY, plain lines otherwise (with a line every minute naming the nodes still
+//! running), nothing when silenced.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use petgraph::graph::NodeIndex;
@@ -42,8 +43,76 @@ impl Progress for Silent {
     fn event(&self, _: &Plan, _: &Event, _: Option<&NodeRecord>) {}
 }
 
-/// One line per event on stderr.
-pub struct Plain;
+/// One line per event on stderr, and every [`HEARTBEAT`] a line naming the nodes still
+/// running (a log without a terminal shows that a long agent node is alive).
+pub struct Plain {
+    running: Arc<Mutex<BTreeMap<NodeIndex, (String, Instant)>>>,
+    out: Sink,
+}
+
+/// Where [`Plain`] writes (stderr, or a buffer in tests).
+type Sink = Arc<Mutex<dyn Write + Send>>;
+
+/// How often [`Plain`] says which nodes are still running.
+pub const HEARTBEAT: Duration = Duration::from_secs(60);
+
+impl Plain {
+    /// A reporter on stderr with its heartbeat thread (which ends when the reporter is
+    /// dropped).
+    pub fn new() -> Plain {
+        Plain::with(HEARTBEAT, Arc::new(Mutex::new(std::io::stderr())))
+    }
+
+    /// A reporter writing to `out`, naming the running nodes every `every`.
+    fn with(every: Duration, out: Sink) -> Plain {
+        let running = Arc::new(Mutex::new(BTreeMap::new()));
+        let (weak, sink) = (Arc::downgrade(&running), out.clone());
+        let _ = std::thread::Builder::new()
+            .name("progress-heartbeat".into())
+            .spawn(move || heartbeat(every, weak, sink));
+        Plain { running, out }
+    }
+
+    fn write_line(&self, l: &str) {
+        let _ = writeln!(self.out.lock().unwrap_or_else(|e| e.into_inner()), "{l}");
+    }
+}
+
+impl Default for Plain {
+    fn default() -> Self {
+        Plain::new()
+    }
+}
+
+/// Every `every` while anything runs: `voidbox: still running: a (2m0s), b (1m5s)`.
+fn heartbeat(
+    every: Duration,
+    running: std::sync::Weak<Mutex<BTreeMap<NodeIndex, (String, Instant)>>>,
+    out: Sink,
+) {
+    let tick = every.min(Duration::from_millis(500));
+    let mut last = Instant::now();
+    loop {
+        std::thread::sleep(tick);
+        let Some(running) = running.upgrade() else {
+            return;
+        };
+        if last.elapsed() < every {
+            continue;
+        }
+        last = Instant::now();
+        let list: Vec<String> = running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|(name, t0)| format!("{name} ({})", secs(t0.elapsed())))
+            .collect();
+        if !list.is_empty() {
+            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(out, "voidbox: still running: {}", list.join(", "));
+        }
+    }
+}
 
 /// The line for an event (shared by both reporters).
 fn line(plan: &Plan, ev: &Event, record: Option<&NodeRecord>) -> Option<String> {
@@ -88,8 +157,22 @@ fn first_line(s: &str) -> &str {
 
 impl Progress for Plain {
     fn event(&self, plan: &Plan, ev: &Event, record: Option<&NodeRecord>) {
+        {
+            let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            match ev {
+                Event::Started { node, .. } => {
+                    running
+                        .entry(*node)
+                        .or_insert_with(|| (plan.graph[*node].name.clone(), Instant::now()));
+                }
+                Event::Finished { node } => {
+                    running.remove(node);
+                }
+                Event::Retrying { .. } => {}
+            }
+        }
         if let Some(l) = line(plan, ev, record) {
-            let _ = writeln!(std::io::stderr(), "{l}");
+            self.write_line(&l);
         }
     }
 }
@@ -163,5 +246,49 @@ impl Progress for Bars {
             pb.finish_and_clear();
         }
         let _ = self.multi.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_names_the_nodes_still_running() {
+        let plan = crate::plan::compile_for_test(
+            "api_version: v1\nkind: pipeline\nname: p\npipeline:\n  boxes:\n    - {name: slow, run: {program: sleep}}\n    - {name: quick, run: {program: 'true'}}\n  stages:\n    - {type: fan_out, boxes: [slow, quick]}\n",
+        );
+        let buf: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let sink: Sink = buf.clone();
+        let p = Plain::with(Duration::from_millis(150), sink);
+        let (slow, quick) = (NodeIndex::new(0), NodeIndex::new(1));
+        p.event(
+            &plan,
+            &Event::Started {
+                node: slow,
+                attempt: 1,
+            },
+            None,
+        );
+        p.event(
+            &plan,
+            &Event::Started {
+                node: quick,
+                attempt: 1,
+            },
+            None,
+        );
+        p.event(&plan, &Event::Finished { node: quick }, None);
+        std::thread::sleep(Duration::from_millis(700));
+        drop(p);
+        let text = String::from_utf8_lossy(&buf.lock().unwrap()).into_owned();
+        assert!(text.contains("voidbox: slow: started"), "{text}");
+        assert!(text.contains("voidbox: still running: slow ("), "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.contains("still running") && l.contains("quick")),
+            "{text}"
+        );
     }
 }

@@ -183,10 +183,10 @@ impl Cache {
             noun: "image",
             hint: "",
         };
-        let prefix = IMAGES.check(prefix).map_err(ImageError::NotFound)?;
+        let prefix = IMAGES.check(prefix).map_err(ImageError::NoMatch)?;
         IMAGES
             .unique(&prefix, self.find(&prefix)?)
-            .map_err(ImageError::NotFound)
+            .map_err(ImageError::NoMatch)
     }
 
     /// Removes one image (under its lock), then kernels no image refers to.
@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(bad.len(), 1);
 
         assert_eq!(cache.resolve(&a[..12]).unwrap(), a);
-        assert!(matches!(cache.resolve("zz"), Err(ImageError::NotFound(_))));
+        assert!(matches!(cache.resolve("zz"), Err(ImageError::NoMatch(_))));
 
         // A kernel referenced by the images survives pruning; an orphan does not.
         let used = good[0].manifest.kernel.inputs_hash.clone();

@@ -45,6 +45,9 @@ pub enum ImageError {
     /// No cached image matches.
     #[error("{0}")]
     NotFound(String),
+    /// A hash prefix named on the command line matches no image, or several.
+    #[error("{0}")]
+    NoMatch(String),
     /// A manifest that cannot be read.
     #[error("{path}: bad manifest: {what}")]
     Manifest {
@@ -64,12 +67,14 @@ pub enum ImageError {
 }
 
 impl ImageError {
-    /// Process exit code for the CLI: 3 for environment problems, 2 for an image that is not
-    /// there (a hash prefix that matches nothing, as `snapshot rm` says too), 1 otherwise.
+    /// Process exit code for the CLI: 3 for environment problems (nothing cached, nothing in
+    /// the registry), 2 for a hash prefix that matches no image (as in `snapshot rm`), 1
+    /// otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
             ImageError::Environment(_) | ImageError::Probe(_) => 3,
-            ImageError::NotFound(_) => 2,
+            ImageError::NotFound(_) => 3,
+            ImageError::NoMatch(_) => 2,
             _ => 1,
         }
     }
