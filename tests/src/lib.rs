@@ -3,6 +3,22 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A tool `scripts/wheel.sh --tools-only` installs into its venv (`actionlint`, `pre-commit`,
+/// …): its path, or a panic saying how to get it.
+pub fn wheel_tool(name: &str) -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("HOME");
+    let tool = cache.join("voidbox/wheel-tools/bin").join(name);
+    assert!(
+        tool.is_file(),
+        "{} missing: run scripts/wheel.sh --tools-only (scripts/test.sh does)",
+        tool.display()
+    );
+    tool
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

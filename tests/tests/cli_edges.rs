@@ -342,16 +342,7 @@ fn validate_skips_yaml_that_is_not_a_spec() {
 /// an invalid spec.
 #[test]
 fn the_pre_commit_hook_checks_specs_and_leaves_other_yaml_alone() {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .expect("HOME");
-    let pre_commit = cache.join("voidbox/wheel-tools/bin/pre-commit");
-    assert!(
-        pre_commit.is_file(),
-        "{} missing: run scripts/wheel.sh --tools-only (scripts/test.sh does)",
-        pre_commit.display()
-    );
+    let pre_commit = voidbox_tests::wheel_tool("pre-commit");
     let repo = tempfile::tempdir().expect("repo");
     let bin = tempfile::tempdir().expect("bin");
     std::os::unix::fs::symlink(BIN, bin.path().join("voidbox")).expect("symlink");

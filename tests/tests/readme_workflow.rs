@@ -3,7 +3,6 @@
 //! nothing wrong with it — syntax, expressions, step outputs, shell scripts and action
 //! versions included.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use voidbox_tests::repo_root;
@@ -25,16 +24,7 @@ fn readme_workflow() -> String {
 
 #[test]
 fn the_readme_github_actions_workflow_passes_actionlint() {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("HOME");
-    let actionlint = cache.join("voidbox/wheel-tools/bin/actionlint");
-    assert!(
-        actionlint.is_file(),
-        "{} missing: run scripts/wheel.sh (scripts/test.sh does)",
-        actionlint.display()
-    );
+    let actionlint = voidbox_tests::wheel_tool("actionlint");
     let dir = tempfile::tempdir().expect("tempdir");
     let workflows = dir.path().join(".github/workflows");
     std::fs::create_dir_all(&workflows).expect("mkdir");
