@@ -207,6 +207,31 @@ fn cold_boots_and_snapshot_restores_give_identical_outputs() {
         "--no-snapshot must not touch snapshots:\n{}",
         cold.stderr
     );
+    // Redirected, stdout is the output byte for byte; on a terminal (a pty from `script`) it
+    // ends with a newline, so the prompt does not stick to `…,2]`.
+    assert_eq!(
+        warm.stdout,
+        "[9,\"THE QUICK BROWN FOX\\nJUMPS OVER THE LAZY DOG\",2]"
+    );
+    let (k, v) = tag.split_once('=').unwrap();
+    let cmd = format!(
+        "{VOIDBOX} apply {spec} --logs-dir {} --boot-timeout {BOOT_TIMEOUT} 2>/dev/null",
+        dir.path().join("logs").display()
+    );
+    let tty = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .env("TMPDIR", dir.path())
+        .env(k, v)
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs apply on a pty");
+    assert_eq!(tty.status.code(), Some(0));
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        shown.ends_with("LAZY DOG\",2]\r\n"),
+        "on a terminal the output ends with a newline: {shown:?}"
+    );
     eprintln!(
         "fan-out example: {:.1}s restored from snapshots, {:.1}s cold",
         warm.took.as_secs_f64(),

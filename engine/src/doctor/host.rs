@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::Check;
 use crate::apply::{HOST_MARGIN_MB, VM_OVERHEAD_MB};
 use crate::image::{agent, deps};
-use crate::limits::{DEFAULT_RUN_MEMORY_MB, DEFAULT_SPEC_MEMORY_MB};
+use crate::limits::{DEFAULT_AGENT_MEMORY_MB, DEFAULT_RUN_MEMORY_MB};
 
 /// Name of the memory check.
 pub const MEMORY: &str = "memory";
@@ -250,26 +250,29 @@ pub fn memory_check(available_mb: Option<u64>) -> Check {
         );
     };
     let budget = avail.saturating_sub(HOST_MARGIN_MB);
-    let default_vm = DEFAULT_SPEC_MEMORY_MB + VM_OVERHEAD_MB;
-    let small_vm = u64::from(DEFAULT_RUN_MEMORY_MB) + VM_OVERHEAD_MB;
-    if budget < small_vm {
+    // One default for `run` and command nodes; agent nodes default to more.
+    let default_vm = u64::from(DEFAULT_RUN_MEMORY_MB) + VM_OVERHEAD_MB;
+    let agent_vm = DEFAULT_AGENT_MEMORY_MB + VM_OVERHEAD_MB;
+    if budget < default_vm {
         Check::fail(
             MEMORY,
             format!(
-                "{avail} MiB available: not even a {DEFAULT_RUN_MEMORY_MB} MiB `voidbox run` VM fits \
-                 ({small_vm} MiB with overhead, after a {HOST_MARGIN_MB} MiB host margin)"
+                "{avail} MiB available: not even a default {DEFAULT_RUN_MEMORY_MB} MiB VM fits \
+                 ({default_vm} MiB with overhead, after a {HOST_MARGIN_MB} MiB host margin)"
             ),
             "free memory (stop other programs) or use a host with more RAM",
         )
-    } else if budget < default_vm {
+    } else if budget < agent_vm {
         Check::warn(
             MEMORY,
             format!(
-                "{avail} MiB available: a node with the default {DEFAULT_SPEC_MEMORY_MB} MiB does not fit \
-                 ({default_vm} MiB with overhead, after a {HOST_MARGIN_MB} MiB host margin)"
+                "{avail} MiB available: room for {} default VM(s) ({DEFAULT_RUN_MEMORY_MB} MiB), but \
+                 not for an agent node with its default {DEFAULT_AGENT_MEMORY_MB} MiB ({agent_vm} MiB \
+                 with overhead, after a {HOST_MARGIN_MB} MiB host margin)",
+                budget / default_vm
             ),
             format!(
-                "set a smaller `sandbox.memory_mb` (at most {} here), or free memory",
+                "give agent nodes a smaller `sandbox.memory_mb` (at most {} here), or free memory",
                 budget - VM_OVERHEAD_MB
             ),
         )
@@ -277,8 +280,10 @@ pub fn memory_check(available_mb: Option<u64>) -> Check {
         Check::ok(
             MEMORY,
             format!(
-                "{avail} MiB available: room for {} default VM(s) ({DEFAULT_SPEC_MEMORY_MB} MiB) at once",
-                budget / default_vm
+                "{avail} MiB available: room for {} default VM(s) ({DEFAULT_RUN_MEMORY_MB} MiB) or {} \
+                 agent VM(s) ({DEFAULT_AGENT_MEMORY_MB} MiB) at once",
+                budget / default_vm,
+                budget / agent_vm
             ),
         )
     }

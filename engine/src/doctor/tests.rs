@@ -95,9 +95,10 @@ fn memory_thresholds() {
     assert!(w.fix.unwrap().contains("sandbox.memory_mb"));
     let ok = host::memory_check(Some(16_000));
     assert_eq!(ok.status, Status::Ok);
-    // (16000 - 512) / (1024 + 32) = 14
+    // (16000 - 512) / (256 + 32) = 53; / (1024 + 32) = 14
     assert!(
-        ok.detail.contains("room for 14 default VM(s)"),
+        ok.detail
+            .contains("room for 53 default VM(s) (256 MiB) or 14 agent VM(s) (1024 MiB)"),
         "{}",
         ok.detail
     );

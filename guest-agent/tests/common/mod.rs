@@ -92,7 +92,21 @@ impl Agent {
     }
 
     pub fn raw(&self) -> UnixStream {
-        let s = UnixStream::connect(&self.sock).expect("connect");
+        // The socket file appears at bind(), a moment before listen(): until then a connect
+        // is refused.
+        let start = Instant::now();
+        let s = loop {
+            match UnixStream::connect(&self.sock) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && start.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("connect {}: {e}", self.sock.display()),
+            }
+        };
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s
     }
