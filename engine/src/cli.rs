@@ -256,10 +256,21 @@ pub struct SpecFiles {
 /// with a path, or a directory without specs.
 pub fn collect_spec_files(paths: &[PathBuf], only_specs: bool) -> Result<SpecFiles, String> {
     let mut out = SpecFiles::default();
-    // A file that cannot be read is kept: validating it reports the I/O error.
-    let keep = |out: &mut SpecFiles, path: PathBuf| match std::fs::read_to_string(&path) {
-        Ok(src) if !crate::spec::yaml::looks_like_spec(&src) => out.skipped.push(path),
-        _ => out.files.push(path),
+    // Only a regular file within the spec size limit is read (a FIFO would block, a huge file
+    // would be read whole); anything else, or a file that cannot be read, is kept: validating
+    // it reports the problem.
+    let keep = |out: &mut SpecFiles, path: PathBuf| {
+        use crate::validate::{read_capped, MAX_SPEC_BYTES};
+        let readable =
+            std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= MAX_SPEC_BYTES);
+        let src = readable
+            .then(|| read_capped(&path, MAX_SPEC_BYTES).ok())
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok());
+        match src {
+            Some(src) if !crate::spec::yaml::looks_like_spec(&src) => out.skipped.push(path),
+            _ => out.files.push(path),
+        }
     };
     for p in paths {
         let meta =

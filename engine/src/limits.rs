@@ -21,8 +21,6 @@ pub const MAX_VCPUS: u32 = voidbox_vmm::config::MAX_VCPUS as u32;
 /// snapshot grows with the memory the guest kernel initialises (on an interpreting KVM
 /// 1024 MiB cold-boots ≈12 s slower than 256 MiB).
 pub const DEFAULT_RUN_MEMORY_MB: u32 = 256;
-/// [`DEFAULT_RUN_MEMORY_MB`] for a spec's command nodes.
-pub const DEFAULT_SPEC_MEMORY_MB: u64 = DEFAULT_RUN_MEMORY_MB as u64;
 /// Guest memory of a spec's agent nodes without `memory_mb`, in MiB: a real runtime (Claude
 /// Code, Codex: Node.js and the model's context) needs more than a command.
 pub const DEFAULT_AGENT_MEMORY_MB: u64 = 1024;
@@ -34,8 +32,7 @@ pub const MAX_TIMEOUT_SECS: u64 = voidbox_protocol::MAX_EXEC_TIMEOUT_SECS;
 
 // The defaults lie within the ranges.
 const _: () = assert!(
-    DEFAULT_SPEC_MEMORY_MB >= MIN_MEMORY_MB
-        && DEFAULT_SPEC_MEMORY_MB <= MAX_MEMORY_MB
+    DEFAULT_AGENT_MEMORY_MB >= MIN_MEMORY_MB
         && DEFAULT_AGENT_MEMORY_MB <= MAX_MEMORY_MB
         && DEFAULT_RUN_MEMORY_MB as u64 >= MIN_MEMORY_MB
         && DEFAULT_RUN_MEMORY_MB as u64 <= MAX_MEMORY_MB

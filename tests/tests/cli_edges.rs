@@ -326,6 +326,16 @@ fn validate_skips_yaml_that_is_not_a_spec() {
     let r = run_fixture(home.path(), &["validate", "--only-specs", &config, &spec]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("1 spec file valid (1 other YAML skipped"));
+    // `--only-specs` never reads what could block: a FIFO is refused, not waited on.
+    let fifo = format!("{root}/pipe.yaml");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let t0 = Instant::now();
+    let r = run_fixture(home.path(), &["validate", "--only-specs", &fifo]);
+    assert_eq!(r.code, Some(2), "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    std::fs::remove_file(&fifo).expect("rm fifo");
     // A directory with no spec at all is still an error.
     let r = run_fixture(home.path(), &["validate", &format!("{root}/deploy")]);
     assert_eq!(r.code, Some(2), "{}{}", r.stdout, r.stderr);

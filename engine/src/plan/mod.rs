@@ -295,7 +295,7 @@ impl Builder<'_> {
         let default_memory_mb = if agent {
             crate::limits::DEFAULT_AGENT_MEMORY_MB
         } else {
-            crate::limits::DEFAULT_SPEC_MEMORY_MB
+            u64::from(crate::limits::DEFAULT_RUN_MEMORY_MB)
         };
         let abs = |p: &str| resolve(self.dir, p).into_path();
         let mut env = base.env.clone();

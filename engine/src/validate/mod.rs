@@ -98,7 +98,7 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
     }
 }
 
-fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut buf = Vec::new();
     std::fs::File::open(path)?
