@@ -9,9 +9,10 @@
 //! ```
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query};
@@ -55,6 +56,9 @@ impl Dnsmasq {
         let mut last = None;
         for _ in 0..5 {
             let port = free_port()?;
+            // A name only this instance knows: a dnsmasq of another test that raced onto
+            // the same port (UDP binds with SO_REUSEADDR may share it) cannot pass as ours.
+            let ready = ready_name(port);
             let mut cmd = Command::new(&bin);
             cmd.args([
                 "--no-daemon",
@@ -71,6 +75,7 @@ impl Dnsmasq {
             for (name, ip) in records {
                 cmd.arg(format!("--address=/{name}/{ip}"));
             }
+            cmd.arg(format!("--address=/{ready}/{READY_IP}"));
             cmd.args(extra);
             cmd.stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -80,7 +85,7 @@ impl Dnsmasq {
                 child,
                 addr: SocketAddr::from(([127, 0, 0, 1], port)),
             };
-            match dns.wait_ready() {
+            match dns.wait_ready(&ready) {
                 Ok(()) => return Ok(dns),
                 Err(e) => last = Some(e), // port raced away, or dnsmasq failed: retry
             }
@@ -93,22 +98,27 @@ impl Dnsmasq {
         self.addr
     }
 
-    fn wait_ready(&mut self) -> io::Result<()> {
+    /// Waits until this instance answers `ready` with [`READY_IP`] over UDP and accepts TCP
+    /// connections, and is still running (one that lost the port to another exits).
+    fn wait_ready(&mut self, ready: &str) -> io::Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
                 return Err(io::Error::other(format!("dnsmasq exited: {status}")));
             }
-            if query_udp(
-                self.addr,
-                "ready.voidbox.test",
-                RecordType::A,
-                Duration::from_millis(200),
-            )
-            .is_ok()
+            let ours = query_udp(self.addr, ready, RecordType::A, Duration::from_millis(200))
+                .is_ok_and(|m| {
+                    m.answers
+                        .iter()
+                        .any(|r| r.data.ip_addr() == Some(IpAddr::from(READY_IP)))
+                });
+            if ours
+                && TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+                && self.child.try_wait()?.is_none()
             {
                 return Ok(());
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
         Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -122,6 +132,16 @@ impl Drop for Dnsmasq {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The address every instance gives its own ready name.
+const READY_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+
+/// A name no other instance (in this or another test process) answers.
+fn ready_name(port: u16) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("ready-{}-{n}-{port}.voidbox.test", std::process::id())
 }
 
 /// A port free on 127.0.0.1 for both UDP and TCP (at the time of the call).

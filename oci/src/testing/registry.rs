@@ -99,13 +99,17 @@ impl Registry {
         let mut last_err = herr!("registry did not start");
         for _attempt in 0..5 {
             let port = free_port()?;
+            // Every response carries this instance's token: a registry of another test that
+            // raced onto the same port cannot pass as this one while this one fails to bind.
+            let instance = instance_token(port);
             let config = dir.path().join("config.yml");
             std::fs::write(
                 &config,
                 format!(
                     "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
                      storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                     http:\n  addr: 127.0.0.1:{port}\n  secret: voidbox-test-secret\n{auth_yaml}",
+                     http:\n  addr: 127.0.0.1:{port}\n  secret: voidbox-test-secret\n  \
+                     headers:\n    {INSTANCE_HEADER}: [\"{instance}\"]\n{auth_yaml}",
                     storage.display()
                 ),
             )?;
@@ -121,7 +125,7 @@ impl Registry {
                 .map_err(|e| {
                     herr!("starting docker-registry (apt-get install docker-registry): {e}")
                 })?;
-            match wait_ready(&mut child, port, &log_path) {
+            match wait_ready(&mut child, port, &instance, &log_path) {
                 Ok(()) => {
                     return Ok(Registry {
                         child: Some(child),
@@ -218,8 +222,18 @@ fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-/// Waits until the registry answers `GET /v2/` (200 or 401).
-fn wait_ready(child: &mut Child, port: u16, log: &Path) -> Result<()> {
+/// The response header naming the registry instance.
+const INSTANCE_HEADER: &str = "X-Voidbox-Test-Registry";
+
+/// A token no other registry (in this or another test process) sends.
+fn instance_token(port: u16) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{n}-{port}", std::process::id())
+}
+
+/// Waits until this registry answers `GET /v2/` (200 or 401, with its own `instance` token).
+fn wait_ready(child: &mut Child, port: u16, instance: &str, log: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let host = format!("127.0.0.1:{port}");
     loop {
@@ -230,7 +244,9 @@ fn wait_ready(child: &mut Child, port: u16, log: &Path) -> Result<()> {
             ));
         }
         if let Ok(resp) = http_request(&host, "GET", "/v2/", &[], b"") {
-            if resp.status == 200 || resp.status == 401 {
+            if (resp.status == 200 || resp.status == 401)
+                && resp.header(INSTANCE_HEADER) == Some(instance)
+            {
                 return Ok(());
             }
         }
