@@ -11,7 +11,7 @@ use crate::diagnostic::FileReport;
 use crate::plan::render::{render, GraphFormat};
 use crate::plan::Plan;
 use crate::spec::model::SandboxMode;
-use crate::validate::{io_reason, validate_file, Validated};
+use crate::validate::{io_reason, validate_file_with, HostFacts, Validated};
 
 /// voidbox — declarative pipelines, every node in a fresh KVM micro-VM.
 #[derive(Debug, Parser)]
@@ -215,7 +215,7 @@ pub fn main() -> ExitCode {
         }
         Command::Apply(args) => apply_cmd(&args),
         Command::Skills(args) => match load_plan(&args.file, 1) {
-            Ok(mut plan) => crate::kit::cli::skills_cmd(&mut plan, &args),
+            Ok(plan) => crate::kit::cli::skills_cmd(&plan, &args),
             Err(code) => code,
         },
         Command::Doctor(args) => crate::doctor::doctor_cmd(&args),
@@ -346,7 +346,7 @@ fn validate_cmd(args: &ValidateArgs) -> ExitCode {
     let mut reports: Vec<FileReport> = Vec::with_capacity(files.len());
     let mut io_errors = Vec::new();
     for f in &files {
-        match validate_file(f) {
+        match validate_file_with(f, host_facts()) {
             Ok(Validated { report, .. }) => reports.push(report),
             Err(e) => io_errors.push(e.to_string()),
         }
@@ -452,11 +452,19 @@ fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
 }
 
 /// [`load_plan`], also returning the spec's text.
+/// What `validate`, `graph` and `apply` know of this host: the programs of the guest image
+/// they would boot (bundled beside the executable, else the newest cached one).
+fn host_facts() -> HostFacts<'static> {
+    HostFacts {
+        path_programs: &crate::image::layout::cached_path_programs,
+    }
+}
+
 fn load_plan_and_source(
     file: &Path,
     invalid_code: u8,
 ) -> Result<(Plan, std::sync::Arc<str>), ExitCode> {
-    let v = match validate_file(file) {
+    let v = match validate_file_with(file, host_facts()) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("error: {e}");
@@ -579,7 +587,7 @@ fn dry_run(
     }
     if r.is_empty() {
         // `remote:` skills are fetched (and cached) as `apply` would fetch them.
-        if let Err(code) = crate::apply::fetch_remotes(plan, Some(src)) {
+        if let Err(code) = crate::apply::fetch_remotes(plan, Some(src)).map(drop) {
             return code;
         }
     }

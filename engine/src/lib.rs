@@ -1,19 +1,15 @@
 //! voidbox: a declarative pipeline engine.
 //!
-//! YAML specs (`agent`, `sandbox`, `pipeline`, `workflow`) are loaded with their source spans
-//! ([`spec`]), validated against the JSON Schema and semantic rules ([`validate`]), compiled
-//! into a petgraph DAG ([`plan`]) and rendered or executed.
+//! YAML specs (`agent`, `sandbox`, `pipeline`, `workflow`) are loaded, validated and compiled
+//! into a DAG by the `voidbox-spec` crate (re-exported here as [`spec`], [`validate`],
+//! [`plan`], [`diagnostic`], [`limits`], [`names`] and [`suggest`]); this crate runs them.
 //!
 //! Where each command and concept lives (one module per command or concept):
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`cli`] | argument parsing and dispatch for every `voidbox` command |
-//! | [`spec`] | the spec model, the span-keeping YAML loader, the JSON Schema |
-//! | [`validate`] | `voidbox validate`: schema and semantic checks, located diagnostics |
-//! | [`diagnostic`] | the diagnostic type and its human / JSON / GitHub renderings |
 //! | [`doctor`] | `voidbox doctor`: what this host lacks (KVM, image, disk, memory, tools) and the fixes |
-//! | [`plan`] | the compiled DAG and `voidbox graph` rendering |
 //! | [`agent_output`] | one report shape for Claude Code's and Codex's JSON output |
 //! | [`apply`] | `voidbox apply`: scheduler, data passing, fan-out merge, failures, reports |
 //! | [`run`] | `voidbox run`: one command in a fresh micro-VM |
@@ -27,32 +23,89 @@
 //! | [`network`] | guest networking: policy checks, DNS upstreams, `voidbox run` flags, NAT config |
 //! | [`providers`] | what an `llm` block resolves to: runtime, upstream endpoint, host credential |
 //! | [`gateway`] | the per-VM credential gateway: the guest's token swapped for the real key |
-//! | [`suggest`] | "did you mean" suggestions |
-//! | [`limits`] | the one set of memory, vCPU and timeout limits every layer uses |
-//! | [`names`] | which names are refused, and how a name becomes a host file name |
+
+pub use voidbox_spec as spec;
+pub use voidbox_spec::{diagnostic, limits, names, plan, suggest, validate};
 
 pub mod agent_output;
 pub mod apply;
 pub mod cli;
-pub mod diagnostic;
 pub mod doctor;
 pub mod error_chain;
 pub mod gateway;
 pub mod image;
 pub mod kit;
-pub mod limits;
 pub mod mount_flag;
-pub mod names;
 pub mod network;
 pub mod observe;
 pub mod oci;
-pub mod plan;
 pub mod providers;
 pub mod run;
 pub mod runtimes;
 pub mod sandbox;
 pub mod shell;
 pub mod snapshot;
-pub mod spec;
-pub mod suggest;
-pub mod validate;
+
+// The spec's limits are the VMM's: `voidbox-spec` defines them without linking the VMM, and
+// this crate, which links both, refuses to build when they drift apart.
+const _: () = assert!(
+    limits::MIN_MEMORY_MB == voidbox_vmm::config::MIN_MEMORY_MB as u64
+        && limits::MAX_MEMORY_MB == voidbox_vmm::config::MAX_MEMORY_MB as u64
+        && limits::MAX_VCPUS == voidbox_vmm::config::MAX_VCPUS as u32
+);
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Helpers of the engine's unit tests.
+
+    use std::path::Path;
+
+    use crate::plan::Plan;
+
+    /// Validates the spec text `src` and compiles it (host paths against `/specs`),
+    /// panicking with the diagnostics when it is invalid.
+    pub(crate) fn compile_for_test(src: &str) -> Plan {
+        let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));
+        let spec = v
+            .spec
+            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
+        Plan::compile(&spec, Path::new("/specs")).expect("compiles")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `validate` refuses exactly the image references a pull refuses, for the same reason:
+    /// `voidbox-spec` checks them without linking the OCI client.
+    #[test]
+    fn validate_and_the_oci_client_agree_on_image_references() {
+        let hex = "a".repeat(64);
+        let refs = [
+            "alpine".to_string(),
+            "alpine:3.20".into(),
+            "  ghcr.io/org/tool:v1  ".into(),
+            "localhost:5000/x/y:latest".into(),
+            format!("alpine@sha256:{hex}"),
+            format!("alpine:3.20@sha256:{hex}"),
+            format!("alpine@sha512:{hex}"),
+            "alpine@sha256:abc".into(),
+            format!("alpine@sha256:{}", "A".repeat(64)),
+            "Alpine".into(),
+            "alpine:".into(),
+            "alpine::1".into(),
+            "-x".into(),
+            "a/b/../c".into(),
+            "registry.example.com:notaport/x".into(),
+            "x".repeat(300),
+        ];
+        for r in &refs {
+            let spec = crate::validate::images::reference_problem(r);
+            let oci = match voidbox_oci::ImageRef::parse(r) {
+                Ok(_) => None,
+                Err(voidbox_oci::OciError::InvalidReference { reason, .. }) => Some(reason),
+                Err(e) => panic!("{r}: {e}"),
+            };
+            assert_eq!(spec, oci, "{r}");
+        }
+    }
+}

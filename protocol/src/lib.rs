@@ -69,6 +69,18 @@ pub const OUTPUT_CHUNK_SIZE: usize = 64 * 1024;
 /// Recommended maximum data bytes per [`FileChunk`] frame (and inline [`WriteFile`] contents).
 pub const FILE_CHUNK_SIZE: usize = 1024 * 1024;
 
+/// The guest agent's system `PATH` directories, as paths inside the guest image (no leading
+/// `/`), in lookup order: the image builder lists the programs in them, and `validate` checks
+/// a bare `run.program` against those.
+pub const GUEST_PATH_DIRS: [&str; 6] = [
+    "usr/local/bin",
+    "usr/bin",
+    "bin",
+    "usr/local/sbin",
+    "usr/sbin",
+    "sbin",
+];
+
 /// Exec timeout, in seconds, when a request sets none (the engine's documented default node
 /// timeout; the engine always sends one).
 pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 1800;

@@ -142,14 +142,14 @@ fn default_logs_dir(plan: &Plan) -> PathBuf {
 }
 
 /// Fetches `plan`'s `remote:` skills into the cache ([`crate::kit::fetch_remotes`]) and
-/// keeps them in the plan; a skill that cannot be fetched (offline, not found, refused) is
+/// returns them (the kits are staged from them); a skill that cannot be fetched (offline, not found, refused) is
 /// reported at its spec line when `spec` is known, and is exit 3 before any VM starts.
-pub fn fetch_remotes(plan: &mut Plan, spec: Option<&refusals::SpecSource>) -> Result<(), u8> {
+pub fn fetch_remotes(
+    plan: &Plan,
+    spec: Option<&refusals::SpecSource>,
+) -> Result<crate::kit::Remotes, u8> {
     let failures = match crate::kit::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
-        Ok(r) => {
-            plan.remotes = r;
-            return Ok(());
-        }
+        Ok(r) => return Ok(r),
         Err(f) => f,
     };
     const HELP: &str = "check the network and the name, or pin a commit the cache holds (`remote:OWNER/REPO/SKILL@<commit>`); VOIDBOX_GITHUB_API_URL and GITHUB_TOKEN configure the source";
@@ -278,10 +278,10 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
             return code;
         }
     }
-    let mut plan = plan;
-    if let Err(code) = fetch_remotes(&mut plan, opts.spec.as_deref()) {
-        return code;
-    }
+    let remotes = match fetch_remotes(&plan, opts.spec.as_deref()) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
     let dns_upstreams = match dns_upstreams(&plan) {
         Ok(u) => u,
         Err(e) => {
@@ -320,6 +320,7 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
     };
     let mut code = apply_prepared(
         plan,
+        remotes,
         opts,
         endpoints,
         dns_upstreams,
@@ -350,8 +351,10 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
 }
 
 /// Everything from the guest image on.
+#[allow(clippy::too_many_arguments)]
 fn apply_prepared(
     plan: Plan,
+    remotes: crate::kit::Remotes,
     opts: &ApplyOptions,
     endpoints: std::collections::HashMap<String, crate::providers::Endpoint>,
     dns_upstreams: Vec<std::net::SocketAddr>,
@@ -454,7 +457,7 @@ fn apply_prepared(
         logs_dir,
         runtime_dir: Some(runtime_dir.path().to_path_buf()),
         spec_dir: plan.spec_dir.clone(),
-        remotes: plan.remotes.clone(),
+        remotes: remotes.clone(),
         kill_children_on_abort: true,
         snapshots,
         dns_upstreams,
@@ -492,7 +495,7 @@ fn apply_prepared(
     };
     progress.finish();
     drop(runtime_dir);
-    let code = finish(&plan, &result, opts);
+    let code = finish(&plan, &remotes, &result, opts);
     if let Some(o) = observer {
         o.end_run(&plan, &result, code);
     }
@@ -602,7 +605,12 @@ pub fn exit_code(r: &RunResult) -> u8 {
 
 /// Prints the summary (stderr), the output or JSON report (stdout), writes JUnit; returns
 /// the exit code.
-pub fn finish(plan: &Plan, r: &RunResult, opts: &ApplyOptions) -> u8 {
+pub fn finish(
+    plan: &Plan,
+    remotes: &crate::kit::Remotes,
+    r: &RunResult,
+    opts: &ApplyOptions,
+) -> u8 {
     let mut code = exit_code(r);
     eprint!("{}", report::summary_table(plan, r));
     if let Some(Abort::Signal(s)) = r.abort {
@@ -622,7 +630,7 @@ pub fn finish(plan: &Plan, r: &RunResult, opts: &ApplyOptions) -> u8 {
     let mut out = std::io::stdout().lock();
     match opts.output {
         OutputFormat::Json => {
-            let doc = report::json_report(plan, r, code);
+            let doc = report::json_report(plan, remotes, r, code);
             let _ = writeln!(
                 out,
                 "{}",

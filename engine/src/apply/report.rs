@@ -121,7 +121,12 @@ pub fn node_timeout(
 }
 
 /// The JSON report.
-pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
+pub fn json_report(
+    plan: &Plan,
+    remotes: &crate::kit::Remotes,
+    r: &RunResult,
+    exit_code: u8,
+) -> Value {
     let nodes: Vec<Value> = plan
         .graph
         .node_indices()
@@ -149,7 +154,7 @@ pub fn json_report(plan: &Plan, r: &RunResult, exit_code: u8) -> Value {
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
                 "network": network(&plan.graph[idx], a),
-                "kit": kit(plan, &plan.graph[idx], a),
+                "kit": kit(plan, remotes, &plan.graph[idx], a),
                 "gateway": a.and_then(|a| a.gateway.as_ref()).map_or(Value::Null, |g| json!(g)),
             })
         })
@@ -218,11 +223,16 @@ fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
 /// A node's `kit` entry: the skills kit its last attempt staged into its VM; for an agent
 /// node that never got that far, the kit staged from the spec (or why it cannot be); `null`
 /// for a node that is not an agent.
-fn kit(plan: &Plan, node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
+fn kit(
+    plan: &Plan,
+    remotes: &crate::kit::Remotes,
+    node: &PlanNode,
+    a: Option<&super::scheduler::Attempt>,
+) -> Value {
     if let Some(k) = a.and_then(|a| a.kit.as_ref()) {
         return json!(k);
     }
-    match crate::kit::for_node(plan, node, &|k| std::env::var(k).ok()) {
+    match crate::kit::for_node(plan, remotes, node, &|k| std::env::var(k).ok()) {
         None => Value::Null,
         Some(Ok(k)) => json!(k.report()),
         Some(Err(e)) => json!({ "skills": [], "instructions": null, "error": e.to_string() }),
@@ -452,7 +462,7 @@ mod timeout_tests {
             abort: Some(Abort::FailFast),
             duration: Duration::from_secs(2),
         };
-        let doc = json_report(&p, &r, 1);
+        let doc = json_report(&p, &crate::kit::Remotes::new(), &r, 1);
         assert_eq!(
             doc["nodes"][0]["timeout"],
             json!({"limit": "node timeout_secs", "secs": 30})
@@ -502,7 +512,7 @@ mod timeout_tests {
             abort: Some(Abort::FailFast),
             duration: Duration::from_secs(2),
         };
-        let doc = json_report(&p, &r, 1);
+        let doc = json_report(&p, &crate::kit::Remotes::new(), &r, 1);
         assert_eq!(
             doc["nodes"][0]["network"],
             json!({
@@ -545,7 +555,7 @@ mod timeout_tests {
             abort: Some(Abort::Timeout),
             duration: Duration::from_secs(60),
         };
-        let doc = json_report(&p, &r, 1);
+        let doc = json_report(&p, &crate::kit::Remotes::new(), &r, 1);
         let want = json!({"limit": "pipeline timeout_secs", "secs": 60});
         assert_eq!(doc["timeout"], want);
         assert_eq!(doc["nodes"][1]["timeout"], want);
@@ -575,7 +585,7 @@ mod timeout_tests {
             abort: None,
             duration: Duration::from_secs(1),
         };
-        let doc = json_report(&p, &r, 1);
+        let doc = json_report(&p, &crate::kit::Remotes::new(), &r, 1);
         assert_eq!(
             doc["nodes"][0]["kit"],
             json!({"skills": [{"name": "s", "files": 1, "bytes": doc["nodes"][0]["kit"]["skills"][0]["bytes"], "redactions": 1, "binary_files": 0}], "instructions": null})
@@ -602,7 +612,7 @@ mod timeout_tests {
                 instructions: None,
             });
         }
-        let doc2 = json_report(&p, &staged, 1);
+        let doc2 = json_report(&p, &crate::kit::Remotes::new(), &staged, 1);
         assert_eq!(
             doc2["nodes"][0]["kit"],
             json!({"skills": [{"name": "as-staged", "files": 3, "bytes": 7, "redactions": 2, "binary_files": 0}], "instructions": null})

@@ -16,7 +16,7 @@ use super::*;
 use crate::plan::{Action, Plan};
 
 fn plan(src: &str) -> Plan {
-    crate::plan::compile_for_test(src)
+    crate::testing::compile_for_test(src)
 }
 
 /// Programs: `echo TEXT` outputs TEXT; `cat` outputs its stdin; `sleep MS` sleeps (until
@@ -365,7 +365,7 @@ fn reports_have_the_documented_shape() {
     let stages = "    - {type: fan_out, boxes: [ok, bad]}\n    - {type: box, name: next}\n";
     let p = pipeline(&boxes, stages, "on_failure: continue\n");
     let r = run(p.clone(), Arc::new(Fake::default()), opts(4));
-    let doc = report::json_report(&p, &r, exit_code(&r));
+    let doc = report::json_report(&p, &crate::kit::Remotes::new(), &r, exit_code(&r));
     assert_eq!(doc["version"], 1);
     assert_eq!(doc["status"], "failed");
     assert_eq!(doc["exit_code"], 1);

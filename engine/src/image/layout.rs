@@ -172,14 +172,7 @@ pub fn build(agent: &[u8], busybox: &[u8], applets: &[String]) -> Result<Archive
 }
 
 /// The guest agent's `PATH` directories, as archive paths.
-pub const PATH_DIRS: [&str; 6] = [
-    "usr/local/bin",
-    "usr/bin",
-    "bin",
-    "usr/local/sbin",
-    "usr/sbin",
-    "sbin",
-];
+pub use voidbox_protocol::GUEST_PATH_DIRS as PATH_DIRS;
 
 /// Names of the programs on the guest's `PATH` (executables and links in [`PATH_DIRS`]),
 /// sorted and deduplicated.
@@ -218,11 +211,6 @@ pub fn image_path_programs(dir: &Path) -> Option<BTreeSet<String>> {
 /// cached guest image, when its manifest records them; read once per process (validation
 /// asks for every `cli:` skill).
 pub fn cached_path_programs() -> Option<&'static BTreeSet<String>> {
-    // The engine's own unit tests validate specs with made-up programs against fake
-    // executors: their results must not depend on which image this machine has cached.
-    if cfg!(test) {
-        return None;
-    }
     static PROGRAMS: std::sync::OnceLock<Option<BTreeSet<String>>> = std::sync::OnceLock::new();
     PROGRAMS
         .get_or_init(|| {

@@ -37,20 +37,19 @@ pub enum SkillsFormat {
 }
 
 /// Runs `voidbox skills` on a loaded plan (fetching its `remote:` skills first).
-pub fn skills_cmd(plan: &mut Plan, args: &SkillsArgs) -> ExitCode {
-    match super::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
-        Ok(r) => plan.remotes = r,
+pub fn skills_cmd(plan: &Plan, args: &SkillsArgs) -> ExitCode {
+    let remotes = match super::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
+        Ok(r) => r,
         Err(failures) => {
             for f in failures {
                 eprintln!("error: agent box `{}`: {}", f.node, f.error);
             }
             return ExitCode::from(EXIT_KIT);
         }
-    }
-    let plan: &Plan = plan;
+    };
     let mut kits: Vec<(String, Kit)> = Vec::new();
     for node in plan.graph.node_weights() {
-        match super::for_node(plan, node, &|k| std::env::var(k).ok()) {
+        match super::for_node(plan, &remotes, node, &|k| std::env::var(k).ok()) {
             None => {}
             Some(Ok(k)) => kits.push((node.name.clone(), k)),
             Some(Err(e)) => {

@@ -340,6 +340,7 @@ pub fn build(src: &Sources<'_>, secrets: &Secrets) -> Result<Kit, KitError> {
 /// `llm` selects (overrides read through `env`); `None` for a node that is not an agent.
 pub fn for_node(
     plan: &Plan,
+    remotes: &Remotes,
     node: &PlanNode,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Result<Kit, KitError>> {
@@ -361,7 +362,7 @@ pub fn for_node(
         skills: &a.skills,
         prompt_files: &a.prompt_files,
         layout: Layout::of(runtime),
-        remotes: &plan.remotes,
+        remotes,
     };
     Some(build(&src, &Secrets::for_node(node)))
 }

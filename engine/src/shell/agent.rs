@@ -27,6 +27,8 @@ pub struct Agent {
     pub action: AgentAction,
     /// Its resolved model endpoint (a real runtime).
     pub endpoint: Endpoint,
+    /// Its `remote:` skills, once fetched ([`crate::apply::fetch_remotes`]).
+    pub remotes: crate::kit::Remotes,
 }
 
 impl Agent {
@@ -76,6 +78,7 @@ impl Agent {
         Ok(Some(Agent {
             action: action.clone(),
             endpoint,
+            remotes: crate::kit::Remotes::new(),
         }))
     }
 
@@ -106,7 +109,7 @@ impl Agent {
             skills: &self.action.skills,
             prompt_files: &self.action.prompt_files,
             layout: launch.layout,
-            remotes: &plan.remotes,
+            remotes: &self.remotes,
         };
         let (kit, _) = kit_files(&src, &secrets).map_err(Failure::usage)?;
         let mut files = launch.files.clone();

@@ -99,7 +99,6 @@ pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut plan = plan;
     let agent = match &plan {
         Some(p) => agent::Agent::of(
             p,
@@ -109,17 +108,18 @@ pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
         ),
         None => Ok(None),
     };
-    let agent = match agent {
+    let mut agent = match agent {
         Ok(a) => a,
         Err(f) => {
             eprintln!("error: {}", f.message);
             return ExitCode::from(f.code);
         }
     };
-    if let (Some(_), Some(p)) = (&agent, plan.as_mut()) {
+    if let (Some(a), Some(p)) = (agent.as_mut(), plan.as_ref()) {
         // The kit's `remote:` skills, fetched into the cache (exit 3 when one cannot be).
-        if let Err(code) = crate::apply::fetch_remotes(p, None) {
-            return ExitCode::from(code);
+        match crate::apply::fetch_remotes(p, None) {
+            Ok(r) => a.remotes = r,
+            Err(code) => return ExitCode::from(code),
         }
     }
     match run(args, setup, plan.as_ref(), agent) {

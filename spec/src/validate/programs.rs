@@ -9,9 +9,9 @@
 use super::runtimes::Programs;
 use super::semantic::items;
 use crate::diagnostic::Diagnostic;
-use crate::image::layout::PATH_DIRS;
-use crate::spec::yaml::{Node, NodeKind};
 use crate::suggest::did_you_mean;
+use crate::yaml::{Node, NodeKind};
+use voidbox_protocol::GUEST_PATH_DIRS as PATH_DIRS;
 
 /// Fields of the spec-wide `sandbox` that boot something other than the default image.
 const OTHER_IMAGE: [&str; 5] = ["image", "guest_image", "kernel", "initramfs", "snapshot"];
@@ -114,7 +114,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::spec::yaml;
+    use crate::yaml;
 
     /// `(line, column, help)` of each diagnostic.
     fn found(text: &str, programs: Option<&BTreeSet<String>>) -> Vec<(usize, usize, String)> {

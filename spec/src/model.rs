@@ -258,11 +258,11 @@ pub struct NetworkPolicy {
     pub deny: Vec<ipnet::IpNet>,
     /// Most concurrent TCP connections and UDP flows of the VM.
     #[serde(default = "default_max_connections")]
-    #[schemars(range(min = 1, max = crate::network::MAX_CONNECTIONS_LIMIT))]
+    #[schemars(range(min = 1, max = crate::network_policy::MAX_CONNECTIONS_LIMIT))]
     pub max_connections: u32,
     /// Most new TCP connections and UDP flows per second of the VM.
     #[serde(default = "default_connections_per_second")]
-    #[schemars(range(min = 1, max = crate::network::CONNECTIONS_PER_SECOND_LIMIT))]
+    #[schemars(range(min = 1, max = crate::network_policy::CONNECTIONS_PER_SECOND_LIMIT))]
     pub connections_per_second: u32,
 }
 

@@ -1,12 +1,32 @@
 //! OCI image references — `sandbox.image` and `sandbox.guest_image` (spec-wide), each box's
 //! and step's `sandbox.image`, and OCI skills' `image` (the agent's and each box's) — parsed
-//! with the OCI client's own parser ([`voidbox_oci::ImageRef`]), so `validate` refuses
-//! exactly what a pull would: `voidbox::invalid_image_reference` at the value.
+//! with the parser the OCI client uses (`oci-spec`'s `Reference`, which `oci-client`
+//! re-exports) and the same sha256-only digest rule as `voidbox_oci::ImageRef`, so `validate`
+//! refuses exactly what a pull would (the engine tests that the two agree):
+//! `voidbox::invalid_image_reference` at the value.
 //! Empty values are left to the schema and to `apply`.
 
 use super::semantic::items;
 use crate::diagnostic::Diagnostic;
-use crate::spec::yaml::{Node, NodeKind};
+use crate::yaml::{Node, NodeKind};
+
+/// Why `reference` is not an image reference a pull accepts (`None`: it is one).
+pub fn reference_problem(reference: &str) -> Option<String> {
+    let parsed: oci_spec::distribution::Reference = match reference.trim().parse() {
+        Ok(r) => r,
+        Err(e) => return Some(format!("{e}")),
+    };
+    let digest = parsed.digest()?;
+    let Some(hex) = digest.strip_prefix("sha256:") else {
+        return Some(format!(
+            "unsupported digest `{digest}` (only sha256 is supported)"
+        ));
+    };
+    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Some(format!("malformed sha256 digest `{digest}`"));
+    }
+    None
+}
 
 /// Reports every malformed image reference in the spec.
 pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
@@ -15,11 +35,7 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
         let Some(reference) = n.as_str().filter(|r| !r.trim().is_empty()) else {
             return;
         };
-        if let Err(e) = voidbox_oci::ImageRef::parse(reference) {
-            let reason = match e {
-                voidbox_oci::OciError::InvalidReference { reason, .. } => reason,
-                other => other.to_string(),
-            };
+        if let Some(reason) = reference_problem(reference) {
             out.push(
                 Diagnostic::error(
                     "voidbox::invalid_image_reference",
@@ -67,7 +83,7 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml::{line_col, parse};
+    use crate::yaml::{line_col, parse};
 
     /// `(line, column, message)` of each diagnostic.
     fn bad(src: &str) -> Vec<(usize, usize, String)> {

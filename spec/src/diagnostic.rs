@@ -7,7 +7,7 @@ use std::sync::Arc;
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource};
 use serde::Serialize;
 
-use crate::spec::yaml::line_col;
+use crate::yaml::line_col;
 
 /// A byte range in a source file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::yaml::{Node, NodeKind};
 use crate::validate::skills::{parse_skill, SkillRef};
+use crate::yaml::{Node, NodeKind};
 
 /// Runtime names `agent:NAME` accepts, with the providers each works with.
 pub const RUNTIMES: [(&str, &[&str]); 2] = [
@@ -129,7 +129,7 @@ fn check_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml;
+    use crate::yaml;
 
     fn codes(text: &str, programs: Option<&BTreeSet<String>>) -> Vec<(&'static str, usize)> {
         let root = yaml::parse(text).expect("yaml");

@@ -8,9 +8,9 @@ use jsonschema::{ValidationError, Validator};
 use serde_json::Value;
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::model::Spec;
-use crate::spec::yaml::Node;
+use crate::model::Spec;
 use crate::suggest::{did_you_mean, one_of};
+use crate::yaml::Node;
 
 /// The JSON Schema (draft 2020-12) of a voidbox spec, generated from [`Spec`].
 pub fn schema() -> &'static Value {
@@ -438,7 +438,7 @@ fn display_value(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml::{line_col, parse};
+    use crate::yaml::{line_col, parse};
 
     fn check(src: &str) -> Vec<(String, usize, usize, String)> {
         let root = parse(src).expect("yaml");

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::yaml::{Node, NodeKind};
+use crate::yaml::{Node, NodeKind};
 
 fn seq(node: Option<&Node>) -> &[Node] {
     match node.map(|n| &n.kind) {
@@ -112,7 +112,7 @@ fn check_path(guest: Option<&Node>, what: &str, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml;
+    use crate::yaml;
 
     fn codes(text: &str) -> Vec<(&'static str, usize)> {
         let root = yaml::parse(text).expect("yaml");

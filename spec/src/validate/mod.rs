@@ -12,13 +12,43 @@ pub mod runtimes;
 pub mod semantic;
 pub mod skills;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::diagnostic::{Diagnostic, FileReport, Span};
-use crate::spec::model::Spec;
-use crate::spec::schema;
-use crate::spec::yaml;
+use crate::model::Spec;
+use crate::schema;
+use crate::yaml;
+
+/// What validation knows of the host, gathered by the caller: validation reads no host
+/// state itself besides the files a spec names, so the same spec gets the same diagnostics
+/// wherever the caller passes the same facts. [`HostFacts::NONE`] knows nothing (the checks
+/// that need a fact are skipped).
+#[derive(Clone, Copy)]
+pub struct HostFacts<'a> {
+    /// The programs on the guest image's `PATH` (its directories are
+    /// [`voidbox_protocol::GUEST_PATH_DIRS`]), asked for only when a check needs them;
+    /// `None`: the image is not known.
+    pub path_programs: runtimes::Programs<'a>,
+}
+
+fn no_programs() -> Option<&'static BTreeSet<String>> {
+    None
+}
+
+impl HostFacts<'static> {
+    /// No host facts.
+    pub const NONE: HostFacts<'static> = HostFacts {
+        path_programs: &no_programs,
+    };
+}
+
+impl std::fmt::Debug for HostFacts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostFacts").finish_non_exhaustive()
+    }
+}
 
 /// Largest spec file accepted.
 pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
@@ -45,8 +75,15 @@ pub enum InputError {
     },
 }
 
-/// Reads and validates the spec file at `path` (displayed as given).
+/// Reads and validates the spec file at `path` (displayed as given), knowing nothing of the
+/// host ([`validate_file_with`] takes [`HostFacts`]).
 pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
+    validate_file_with(path, HostFacts::NONE)
+}
+
+/// Reads and validates the spec file at `path` (displayed as given) with what the caller
+/// knows of the host.
+pub fn validate_file_with(path: &Path, facts: HostFacts<'_>) -> Result<Validated, InputError> {
     let display = path.display().to_string();
     let io = |reason: String| InputError::Io {
         path: display.clone(),
@@ -80,7 +117,7 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     match String::from_utf8(bytes) {
-        Ok(text) => Ok(validate_source(&display, text, base)),
+        Ok(text) => Ok(validate_source_with(&display, text, base, facts)),
         Err(e) => {
             let at = e.utf8_error().valid_up_to();
             let text = String::from_utf8_lossy(&e.into_bytes()[..at]).into_owned();
@@ -98,7 +135,9 @@ pub fn validate_file(path: &Path) -> Result<Validated, InputError> {
     }
 }
 
-pub(crate) fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+/// Reads at most `cap + 1` bytes of `path` (one more than allowed, so a caller can tell a
+/// file over the cap).
+pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut buf = Vec::new();
     std::fs::File::open(path)?
@@ -127,8 +166,20 @@ fn single(path: &str, source: &str, d: Diagnostic) -> Validated {
     }
 }
 
-/// Validates spec text; `base` is the directory relative paths are resolved against.
+/// Validates spec text; `base` is the directory relative paths are resolved against. Knows
+/// nothing of the host ([`validate_source_with`] takes [`HostFacts`]).
 pub fn validate_source(path: &str, text: String, base: &Path) -> Validated {
+    validate_source_with(path, text, base, HostFacts::NONE)
+}
+
+/// Validates spec text with what the caller knows of the host; `base` is the directory
+/// relative paths are resolved against.
+pub fn validate_source_with(
+    path: &str,
+    text: String,
+    base: &Path,
+    facts: HostFacts<'_>,
+) -> Validated {
     let source: Arc<str> = Arc::from(text);
     let mut diagnostics = Vec::new();
     if source.contains('\0') {
@@ -167,7 +218,7 @@ pub fn validate_source(path: &str, text: String, base: &Path) -> Validated {
     }
     let instance = root.to_json();
     diagnostics.extend(schema::validate(&root, &instance));
-    semantic::check(&root, base, &mut diagnostics);
+    semantic::check(&root, base, facts, &mut diagnostics);
     let spec = if diagnostics.iter().any(Diagnostic::is_error) {
         None
     } else {

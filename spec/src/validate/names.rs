@@ -5,7 +5,7 @@
 use super::semantic::items;
 use crate::diagnostic::Diagnostic;
 use crate::names::name_problem;
-use crate::spec::yaml::Node;
+use crate::yaml::Node;
 
 /// Reports every refused name in the spec.
 pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
@@ -40,7 +40,7 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml::{line_col, parse};
+    use crate::yaml::{line_col, parse};
 
     fn bad(src: &str) -> Vec<(usize, usize, String)> {
         let root = parse(src).expect("yaml");

@@ -10,13 +10,13 @@ use std::path::Path;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::host_path::Resolved;
-use crate::spec::yaml::{Node, NodeKind};
+use crate::host_path::Resolved;
 use crate::suggest::did_you_mean;
 use crate::validate::skills::{check_prompt_file, check_skill_string};
+use crate::yaml::{Node, NodeKind};
 
 /// Runs every semantic rule over `root`; `base` is the spec file's directory.
-pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
+pub fn check(root: &Node, base: &Path, facts: super::HostFacts<'_>, out: &mut Vec<Diagnostic>) {
     let kind = root.get("kind").and_then(Node::as_str);
     check_sections(root, kind, out);
     crate::validate::names::check(root, out);
@@ -38,8 +38,8 @@ pub fn check(root: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
     if let Some(run) = root.get("run") {
         check_env(run.get("env"), out);
     }
-    crate::validate::runtimes::check(root, &|| crate::image::layout::cached_path_programs(), out);
-    crate::validate::programs::check(root, &|| crate::image::layout::cached_path_programs(), out);
+    crate::validate::runtimes::check(root, facts.path_programs, out);
+    crate::validate::programs::check(root, facts.path_programs, out);
 }
 
 fn key_span(node: &Node, key: &str) -> Span {

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::yaml::{self, Node, NodeKind};
 use crate::suggest::did_you_mean;
 use crate::validate::io_reason;
+use crate::yaml::{self, Node, NodeKind};
 
 /// The prefixes a skill string may use.
 pub const SKILL_TYPES: [&str; 5] = ["agent", "file", "remote", "mcp", "cli"];
@@ -23,7 +23,7 @@ pub enum SkillRef<'a> {
     /// working directory, with a warning).
     File(&'a str),
     /// `remote:OWNER/REPO[/SKILL][@REF]`: a published skill (fetched by
-    /// [`crate::kit::remote`]).
+    /// [`crate::skill_ref`]).
     Remote(&'a str),
     /// `mcp:NAME`: an MCP server available in the guest.
     Mcp(&'a str),
@@ -59,7 +59,7 @@ pub fn parse_skill(s: &str) -> Result<SkillRef<'_>, (String, Option<String>)> {
         "mcp" => Ok(SkillRef::Mcp(value)),
         "cli" => Ok(SkillRef::Cli(value)),
         "file" => Ok(SkillRef::File(value)),
-        "remote" => match crate::kit::remote::RemoteRef::parse(value) {
+        "remote" => match crate::skill_ref::RemoteRef::parse(value) {
             Ok(_) => Ok(SkillRef::Remote(value)),
             Err(why) => Err((
                 format!("malformed skill `{s}`: {why}"),

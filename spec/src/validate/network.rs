@@ -1,5 +1,5 @@
 //! `network:` mappings — the spec's `sandbox.network` and each box's and step's — checked
-//! with [`crate::network::checks`]: CIDRs in `allow` / `deny` (`voidbox::invalid_cidr`,
+//! with [`crate::network_policy::checks`]: CIDRs in `allow` / `deny` (`voidbox::invalid_cidr`,
 //! host bits set included), names in `allow_domains` (`voidbox::invalid_domain`) and ports
 //! listed twice (`voidbox::duplicate_port`), each at the offending item. A CIDR or name
 //! listed twice is a warning (`voidbox::duplicate_entry`). Types and ranges (ports 1..=65535,
@@ -7,8 +7,8 @@
 
 use super::semantic::items;
 use crate::diagnostic::Diagnostic;
-use crate::network::checks;
-use crate::spec::yaml::{Node, NodeKind};
+use crate::network_policy::checks;
+use crate::yaml::{Node, NodeKind};
 
 fn sandbox_network(n: &Node) -> Option<&Node> {
     n.get("sandbox").and_then(|s| s.get("network"))
@@ -142,7 +142,7 @@ fn port_of(n: &Node) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::yaml::{line_col, parse};
+    use crate::yaml::{line_col, parse};
 
     /// `(code, line, column, message, help)` of each diagnostic.
     fn diags(src: &str) -> Vec<(String, usize, usize, String, String)> {

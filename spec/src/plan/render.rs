@@ -28,7 +28,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use super::{Action, Edge, Input, Output, Plan, PlanNode};
-use crate::spec::model::OnFailure;
+use crate::model::OnFailure;
 
 /// Output formats of `voidbox graph`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -104,7 +104,7 @@ pub fn json(plan: &Plan) -> serde_json::Value {
                 "vcpus": n.sandbox.vcpus,
                 "timeout_secs": n.timeout().secs,
                 "retries": n.retries,
-                "network": n.sandbox.network.as_ref().map(crate::network::summary),
+                "network": n.sandbox.network.as_ref().map(crate::network_policy::summary),
                 "image": n.sandbox.image,
                 "mounts": n.sandbox.mounts.len(),
                 "env": n.sandbox.env.keys().collect::<Vec<_>>(),
@@ -197,7 +197,7 @@ fn resources(node: &PlanNode) -> String {
         format!("{} vCPU", sb.vcpus),
     ];
     if let Some(policy) = &sb.network {
-        parts.push(crate::network::summary(policy));
+        parts.push(crate::network_policy::summary(policy));
     }
     if let Some(t) = node.timeout_secs {
         parts.push(format!("timeout {t}s"));

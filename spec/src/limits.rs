@@ -1,18 +1,19 @@
 //! The one set of resource and time limits: the spec schema, `validate`, `apply`,
 //! `voidbox run` and `voidbox snapshot create` all use these constants, and the VMM and the
-//! guest agent enforce the same numbers (they are defined in `voidbox-vmm` and
-//! `voidbox-protocol`, which every layer shares).
+//! guest agent enforce the same numbers: the memory and vCPU limits are defined here and
+//! checked against `voidbox-vmm`'s at compile time (in the engine, which links both); the
+//! timeouts are `voidbox-protocol`'s, which the guest agent shares.
 
 use std::fmt;
 
 /// Smallest guest memory, in MiB.
-pub const MIN_MEMORY_MB: u64 = voidbox_vmm::config::MIN_MEMORY_MB as u64;
+pub const MIN_MEMORY_MB: u64 = 64;
 /// Largest guest memory, in MiB.
-pub const MAX_MEMORY_MB: u64 = voidbox_vmm::config::MAX_MEMORY_MB as u64;
+pub const MAX_MEMORY_MB: u64 = 65_536;
 /// Fewest vCPUs.
 pub const MIN_VCPUS: u32 = 1;
 /// Most vCPUs.
-pub const MAX_VCPUS: u32 = voidbox_vmm::config::MAX_VCPUS as u32;
+pub const MAX_VCPUS: u32 = 32;
 
 /// Guest memory of `voidbox run`, `voidbox snapshot create` and a spec's command nodes
 /// without `memory_mb` / `--memory-mb`, in MiB: one default, so the snapshot `create` makes

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::diagnostic::{Diagnostic, Span};
-use crate::spec::host_path::{self, Resolved};
+use crate::host_path::{self, Resolved};
 
 /// Resolves `rel` against `base` (the spec file's directory), warning at `span` when the
 /// working-directory fallback is used.

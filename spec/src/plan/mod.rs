@@ -13,9 +13,9 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
+use crate::host_path::{resolve, Resolved};
 use crate::limits::Timeout;
-use crate::spec::host_path::{resolve, Resolved};
-use crate::spec::model::{
+use crate::model::{
     Agent, AgentMode, BoxInput, BoxOutput, Command, Kind, Llm, Mount, MountMode, OnFailure,
     Provider, ResourceLimits, Sandbox, SandboxMode, SandboxOverride, SkillEntry, Spec, Stage,
 };
@@ -41,11 +41,8 @@ pub struct Plan {
     pub mode: SandboxMode,
     /// Directory relative paths (skills, mounts) resolve against.
     pub spec_dir: PathBuf,
-    /// The `remote:` skills fetched for this plan ([`crate::kit::fetch_remotes`]; empty
-    /// until then).
-    pub remotes: crate::kit::Remotes,
-    /// The spec's `observe` block ([`crate::observe`]).
-    pub observe: Option<crate::spec::model::Observe>,
+    /// The spec's `observe` block (carried out by the engine's `observe`).
+    pub observe: Option<crate::model::Observe>,
 }
 
 /// One node: one fresh micro-VM.
@@ -70,7 +67,7 @@ pub struct PlanNode {
 }
 
 /// A box's named artifact directories (void-box `outputs` / `inputs`), copied between VMs
-/// by `apply` (see [`crate::apply::artifacts`]).
+/// by the engine's `apply`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeArtifacts {
     /// Directories copied out of the VM when the box succeeds.
@@ -243,7 +240,6 @@ impl Plan {
             timeout_secs: spec.timeout_secs,
             mode: spec.sandbox.mode,
             spec_dir: spec_dir.to_path_buf(),
-            remotes: crate::kit::Remotes::new(),
             observe: spec.observe.clone(),
         })
     }
