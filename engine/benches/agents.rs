@@ -37,15 +37,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use voidbox::apply::cancel::NodeControl;
 use voidbox::apply::executor::VmExecutor;
-use voidbox::apply::progress::Silent;
-use voidbox::apply::scheduler::{Attempt, Executor, Job, RunResult, SchedOptions};
 use voidbox::apply::{run_with_signals, VM_OVERHEAD_MB};
 use voidbox::image::ProgressMode;
 use voidbox::plan::Plan;
 use voidbox::sandbox::disks::{DiskRole, ImageDisk};
 use voidbox::sandbox::{vmm_process, GuestImage, VmmLauncher, VMM_SUBCOMMAND};
+use voidbox::scheduler::cancel::NodeControl;
+use voidbox::scheduler::progress::Silent;
+use voidbox::scheduler::{Attempt, Executor, Job, RunResult, SchedOptions};
 use voidbox_llm_script::{Script, Server, Turn};
 
 use common::{env_usize, host_description};
@@ -110,7 +110,7 @@ fn sched() -> SchedOptions {
 /// The executor for `plan`: its endpoints resolved (no overrides from this environment),
 /// the runtimes disk attached to every node, golden snapshots on.
 fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> Arc<Timed> {
-    let endpoints = voidbox::apply::runtime::endpoints(plan, &|_| None).unwrap_or_else(|f| {
+    let endpoints = voidbox::node::launch::endpoints(plan, &|_| None).unwrap_or_else(|f| {
         panic!(
             "{:?}",
             f.iter().map(|f| f.message.clone()).collect::<Vec<_>>()
@@ -118,7 +118,7 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
     });
     let mut node_vms = std::collections::HashMap::new();
     for n in plan.graph.node_weights() {
-        let mut vm = voidbox::apply::images::NodeVm::default();
+        let mut vm = voidbox::node::images::NodeVm::default();
         vm.disks.images.push(disk.clone());
         node_vms.insert(n.name.clone(), vm);
     }

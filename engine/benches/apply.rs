@@ -22,15 +22,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use voidbox::apply::cancel::NodeControl;
 use voidbox::apply::executor::VmExecutor;
-use voidbox::apply::progress::{Progress, Silent};
-use voidbox::apply::scheduler::{run_plan, Attempt, Executor, Job, RunResult, SchedOptions};
 use voidbox::apply::{run_with_signals, VM_OVERHEAD_MB};
 use voidbox::image::ProgressMode;
 use voidbox::observe::{config, Flushed, Observer, Settings};
 use voidbox::plan::Plan;
 use voidbox::sandbox::{vmm_process, GuestImage, VmmLauncher, VMM_SUBCOMMAND};
+use voidbox::scheduler::cancel::NodeControl;
+use voidbox::scheduler::progress::{Progress, Silent};
+use voidbox::scheduler::{run_plan, Attempt, Executor, Job, RunResult, SchedOptions};
 
 struct Nothing;
 
@@ -402,7 +402,7 @@ fn part1_callbacks(sink: &Result<Sink, String>) {
     let Ok(sink) = sink else {
         return;
     };
-    use voidbox::apply::scheduler::{Event, NodeRecord, Status};
+    use voidbox::scheduler::{Event, NodeRecord, Status};
     println!("## the observer's callbacks per node, called directly (no scheduler)\n");
     println!("| plan | nodes | runs | callbacks per node (calling thread) | CPU per node, start to drop (export included) |");
     println!("|---|---:|---:|---:|---:|");

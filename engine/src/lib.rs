@@ -12,6 +12,8 @@
 //! | [`doctor`] | `voidbox doctor`: what this host lacks (KVM, image, disk, memory, tools) and the fixes |
 //! | [`agent_output`] | one report shape for Claude Code's and Codex's JSON output |
 //! | [`apply`] | `voidbox apply`: scheduler, data passing, fan-out merge, failures, reports |
+//! | [`scheduler`] | the DAG run: parallelism, retries, cancellation, data passing, progress |
+//! | [`node`] | a node made ready to run for `apply`, `run` and `shell`: refusals, guest policy, images, agent launch |
 //! | [`run`] | `voidbox run`: one command in a fresh micro-VM |
 //! | [`shell`] | `voidbox shell`: an interactive terminal in a fresh micro-VM |
 //! | [`sandbox`] | one micro-VM as the engine drives it: the VMM child process and the guest-agent session |
@@ -22,6 +24,9 @@
 //! | [`oci`] | OCI images: pulls for `sandbox.image`, `voidbox pull` and `voidbox oci` |
 //! | [`network`] | guest networking: policy checks, DNS upstreams, `voidbox run` flags, NAT config |
 //! | [`providers`] | what an `llm` block resolves to: runtime, upstream endpoint, host credential |
+//! | [`output`] | how commands print: progress mode, listing format |
+//! | [`units`] | sizes and ages as people write and read them (`16MiB`, `1.5M`, `3h`) |
+//! | [`capped`] | bounded output collection: a capped buffer and a stream's tail |
 //! | [`gateway`] | the per-VM credential gateway: the guest's token swapped for the real key |
 
 pub use voidbox_spec as spec;
@@ -29,6 +34,7 @@ pub use voidbox_spec::{diagnostic, limits, names, plan, suggest, validate};
 
 pub mod agent_output;
 pub mod apply;
+pub mod capped;
 pub mod cli;
 pub mod doctor;
 pub mod error_chain;
@@ -37,14 +43,18 @@ pub mod image;
 pub mod kit;
 pub mod mount_flag;
 pub mod network;
+pub mod node;
 pub mod observe;
 pub mod oci;
+pub mod output;
 pub mod providers;
 pub mod run;
 pub mod runtimes;
 pub mod sandbox;
+pub mod scheduler;
 pub mod shell;
 pub mod snapshot;
+pub mod units;
 
 // The spec's limits are the VMM's: `voidbox-spec` defines them without linking the VMM, and
 // this crate, which links both, refuses to build when they drift apart.

@@ -16,10 +16,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream, EXIT_NOT_ALLOWED};
+use voidbox_protocol::{ExecRequest, ExecResponse, OutputStream, EXIT_NOT_ALLOWED};
 
-use crate::image::ProgressMode;
 use crate::limits::Timeout;
+use crate::output::ProgressMode;
 use crate::sandbox::{check_kvm, GuestImage, SandboxConfig, SandboxError};
 
 /// `voidbox run` arguments.
@@ -127,7 +127,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         None => return Ok(2),
     };
     // The guest may start this program and nothing else (children are not filtered).
-    cfg.policy = Some(crate::apply::policy::run_policy(program, args.timeout));
+    cfg.policy = Some(crate::node::policy::run_policy(program, args.timeout));
     let req = ExecRequest {
         program: program.clone(),
         args: rest.to_vec(),
@@ -153,7 +153,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     });
     let code = match res {
         Ok(r) => exit_code_of(program, &r, timeout),
-        Err(e) => match refused_exec(program, &e) {
+        Err(e) => match crate::sandbox::error::refused_exec(program, &e) {
             Some((code, why)) => {
                 eprintln!("voidbox: {why}");
                 code
@@ -262,31 +262,6 @@ pub fn exit_code_of(program: &str, r: &ExecResponse, timeout: Timeout) -> u8 {
     }
 }
 
-/// The shell-style exit code and message of the guest refusing to start `program`: 127 and
-/// "cannot run" when it does not exist (`NotFound`: not on the guest's `PATH`, or not
-/// executable), 126 when the guest policy refuses it (`NotAllowed`). `None` for any other
-/// failure, which is the VM's (125).
-pub fn refused_exec(program: &str, e: &SandboxError) -> Option<(u8, String)> {
-    match e {
-        SandboxError::Guest {
-            what,
-            code: ErrorCode::NotFound,
-            message,
-        } if what == "exec" || what == "pty_open" => {
-            Some((127, format!("cannot run {program}: {message}")))
-        }
-        SandboxError::Guest {
-            code: ErrorCode::NotAllowed,
-            message,
-            ..
-        } => Some((
-            126,
-            format!("{program}: refused by the guest policy: {message}"),
-        )),
-        _ => None,
-    }
-}
-
 fn kept_console_path() -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -324,39 +299,6 @@ mod tests {
             ..ExecResponse::default()
         };
         assert_eq!(exit_code_of("x", &refused, t), 126);
-    }
-
-    #[test]
-    fn refused_exec_codes() {
-        let guest = |what: &str, code| SandboxError::Guest {
-            what: what.into(),
-            code,
-            message: "program `nosuchcmd` not found in PATH (/usr/bin:/bin)".into(),
-        };
-        let (code, why) = refused_exec("nosuchcmd", &guest("exec", ErrorCode::NotFound)).unwrap();
-        assert_eq!(code, 127);
-        assert!(
-            why.starts_with("cannot run nosuchcmd: program `nosuchcmd` not found"),
-            "{why}"
-        );
-        assert_eq!(
-            refused_exec("x", &guest("exec", ErrorCode::NotAllowed)).map(|r| r.0),
-            Some(126)
-        );
-        assert_eq!(
-            refused_exec("x", &guest("pty_open", ErrorCode::NotFound)).map(|r| r.0),
-            Some(127)
-        );
-        // Anything else is the VM's failure (125), a missing file included.
-        assert_eq!(
-            refused_exec("x", &guest("read_file /a", ErrorCode::NotFound)),
-            None
-        );
-        assert_eq!(refused_exec("x", &guest("exec", ErrorCode::Io)), None);
-        assert_eq!(
-            refused_exec("x", &SandboxError::Environment("no kvm".into())),
-            None
-        );
     }
 
     #[test]

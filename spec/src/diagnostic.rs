@@ -7,8 +7,6 @@ use std::sync::Arc;
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, MietteDiagnostic, NamedSource};
 use serde::Serialize;
 
-use crate::yaml::line_col;
-
 /// A byte range in a source file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct Span {
@@ -331,6 +329,22 @@ fn gh_escape_data(s: &str) -> String {
 
 fn gh_escape_property(s: &str) -> String {
     gh_escape_data(s).replace(':', "%3A").replace(',', "%2C")
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(src.len());
+    let before = &src.as_bytes()[..offset];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |p| p + 1);
+    let col = src
+        .get(line_start..offset)
+        .map_or(offset - line_start, |s| s.chars().count())
+        + 1;
+    (line, col)
 }
 
 #[cfg(test)]

@@ -438,7 +438,8 @@ fn display_value(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::yaml::{line_col, parse};
+    use crate::diagnostic::line_col;
+    use crate::yaml::parse;
 
     fn check(src: &str) -> Vec<(String, usize, usize, String)> {
         let root = parse(src).expect("yaml");

@@ -390,7 +390,7 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
                         }
                     };
                     if let Some((first, _)) = entries.iter().find(|(k, _)| k.name == name) {
-                        let (line, _) = line_col(src, first.span.offset);
+                        let (line, _) = crate::diagnostic::line_col(src, first.span.offset);
                         return Err(LoadError::new(
                             "voidbox::duplicate_key",
                             format!("duplicate key `{name}`"),
@@ -578,22 +578,6 @@ fn parse_float(v: &str) -> Option<Number> {
     Number::from_f64(f)
 }
 
-/// 1-based line and column (in characters) of a byte offset.
-pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(src.len());
-    let before = &src.as_bytes()[..offset];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |p| p + 1);
-    let col = src
-        .get(line_start..offset)
-        .map_or(offset - line_start, |s| s.chars().count())
-        + 1;
-    (line, col)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -648,9 +632,9 @@ mod tests {
         let root = parse(src).expect("parses");
         let (node, ok) = root.walk(["pipeline", "boxes", "0", "name"]);
         assert!(ok);
-        assert_eq!(line_col(src, node.span.offset), (4, 13));
+        assert_eq!(crate::diagnostic::line_col(src, node.span.offset), (4, 13));
         let (key, _) = root.entry("pipeline").expect("key");
-        assert_eq!(line_col(src, key.span.offset), (2, 1));
+        assert_eq!(crate::diagnostic::line_col(src, key.span.offset), (2, 1));
     }
 
     #[test]
@@ -665,7 +649,10 @@ mod tests {
     fn duplicate_keys_are_errors() {
         let err = parse("a: 1\nb: 2\na: 3\n").expect_err("duplicate");
         assert_eq!(err.code, "voidbox::duplicate_key");
-        assert_eq!(line_col("a: 1\nb: 2\na: 3\n", err.span.offset), (3, 1));
+        assert_eq!(
+            crate::diagnostic::line_col("a: 1\nb: 2\na: 3\n", err.span.offset),
+            (3, 1)
+        );
     }
 
     #[test]
@@ -714,7 +701,7 @@ mod tests {
         let src = "a: 1\nb: [1, 2\nc: 3\n";
         let err = parse(src).expect_err("syntax");
         assert_eq!(err.code, "voidbox::yaml_syntax");
-        assert!(line_col(src, err.span.offset).0 >= 2);
+        assert!(crate::diagnostic::line_col(src, err.span.offset).0 >= 2);
     }
 
     #[test]
@@ -723,6 +710,6 @@ mod tests {
         let root = parse(src).expect("parses");
         let (node, _) = root.walk(["kind"]);
         assert_eq!(&src[node.span.offset..node.span.offset + 1], "x");
-        assert_eq!(line_col(src, node.span.offset), (2, 7));
+        assert_eq!(crate::diagnostic::line_col(src, node.span.offset), (2, 7));
     }
 }

@@ -12,7 +12,7 @@ mod tests;
 
 use serde_json::Value;
 
-use crate::apply::data::{over_cap, DEFAULT_MAX_OUTPUT};
+use crate::capped::{over_cap, DEFAULT_MAX_OUTPUT};
 
 /// Longest line parsed at least (longer ones are skipped); a parser for a larger output cap
 /// allows a line of twice the cap (JSON escaping) plus 64 KiB.

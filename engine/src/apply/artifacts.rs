@@ -14,7 +14,6 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use voidbox_protocol::{DirEntry, ErrorCode, FileKind};
 
 use crate::plan::PlanNode;
@@ -25,18 +24,7 @@ pub const MAX_ENTRIES: u64 = 10_000;
 /// Deepest directory nesting copied.
 pub const MAX_DEPTH: usize = 32;
 
-/// A collected output, as the JSON report lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArtifactStats {
-    /// The output's name.
-    pub name: String,
-    /// Regular files copied.
-    pub files: u64,
-    /// Bytes copied.
-    pub bytes: u64,
-    /// Symlinks and special files left out (never followed).
-    pub skipped: u64,
-}
+pub use crate::scheduler::ArtifactStats;
 
 /// The guest file operations artifacts need ([`Sandbox`] in production).
 pub trait GuestFiles {
@@ -229,7 +217,7 @@ fn copy_dir(
 }
 
 fn over(size: u64, cap: u64) -> String {
-    super::data::over_cap("the directory", size, cap)
+    crate::capped::over_cap("the directory", size, cap)
 }
 
 /// Writes the collected artifact in `src` to the guest directory `guest_dir` (created even

@@ -6,16 +6,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use voidbox_protocol::{ErrorCode, ExecRequest, ExecResponse, OutputStream};
 
-use super::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
-use super::cancel::{kill_vmm_children, NodeControl, StopReason};
-use super::data::{over_cap, CappedBuf, Tail};
-use super::runtime::{launch, GatewayAccess};
-use super::scheduler::{Attempt, Executor, GuestSample, GuestUsage, Job, Status};
 use crate::agent_output::{Format, OutputParser};
+use crate::capped::{over_cap, CappedBuf, Tail};
 use crate::gateway::Gateway;
+use crate::node::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
+use crate::node::launch::{launch, GatewayAccess};
 use crate::plan::Action;
 use crate::providers::{Endpoint, Runtime};
 use crate::sandbox::{GuestImage, Sandbox, SandboxConfig, SandboxError, VmmLauncher};
+use crate::scheduler::cancel::{kill_vmm_children, NodeControl, StopReason};
+use crate::scheduler::{Attempt, Executor, GuestSample, GuestUsage, Job, Status};
 
 /// Guest path of a node's input.
 pub const INPUT_FILE: &str = "/workspace/input.json";
@@ -30,8 +30,8 @@ pub struct VmExecutor {
     /// Kernel + system disk.
     pub image: GuestImage,
     /// Per node: image disks, user, image environment and boot override
-    /// ([`super::images::prepare`]); nodes missing here boot `image` as is.
-    pub node_vms: std::collections::HashMap<String, super::images::NodeVm>,
+    /// ([`crate::node::images::prepare`]); nodes missing here boot `image` as is.
+    pub node_vms: std::collections::HashMap<String, crate::node::images::NodeVm>,
     /// How VMMs are started.
     pub launcher: VmmLauncher,
     /// Boot deadline per VM.
@@ -107,7 +107,7 @@ fn sandbox_failure(e: SandboxError) -> Attempt {
 /// shell-style exit code (127 not found, 126 refused by the policy, as `voidbox run`);
 /// anything else is the VM's ([`sandbox_failure`]).
 fn exec_failure(program: &str, e: SandboxError) -> Attempt {
-    match crate::run::refused_exec(program, &e) {
+    match crate::sandbox::error::refused_exec(program, &e) {
         Some((code, why)) => {
             let mut a = Attempt::failed(Status::Failed, why);
             a.exit_code = Some(i32::from(code));
@@ -143,7 +143,7 @@ impl VmExecutor {
         cfg.runtime_dir = self.runtime_dir.clone();
         // Allowlist + rlimits, in force before the first request (see `policy`).
         let runtime = matches!(job.node.action, Action::Agent(_)).then_some(program);
-        cfg.policy = Some(super::policy::node_policy(&job.node, runtime));
+        cfg.policy = Some(crate::node::policy::node_policy(&job.node, runtime));
         // Backstop enforced by the VMM itself, should the host deadline thread fail.
         cfg.wall_limit = Some(
             self.boot_timeout
@@ -399,7 +399,7 @@ impl VmExecutor {
                 let outcome = stream.map(OutputParser::finish);
                 let mut a = self.collect(sb, job, &r, stdout, outcome.as_ref(), &output_file);
                 if let (Some(o), Some((_, e))) = (&outcome, &agent) {
-                    a.agent = Some(super::agent::stats(o, e));
+                    a.agent = Some(crate::node::agent::stats(o, e));
                 }
                 if a.status == Status::Succeeded {
                     match super::artifacts::collect_outputs(

@@ -10,19 +10,9 @@
 //! pipeline timed out), 2 usage (bad `--input`, bad `VOIDBOX_DNS_UPSTREAMS`), 3 environment (no KVM, no guest image, an
 //! LLM provider that cannot run here, a node that can never fit in memory), 128+n on signal n.
 
-pub mod agent;
 pub mod artifacts;
-pub mod cancel;
-pub mod data;
 pub mod executor;
-pub mod images;
-pub mod policy;
-pub mod progress;
-pub mod reachable;
-pub mod refusals;
 pub mod report;
-pub mod runtime;
-pub mod scheduler;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -32,11 +22,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::image::ProgressMode;
+use crate::node::{images, launch as runtime, reachable, refusals};
+use crate::output::ProgressMode;
 use crate::plan::Plan;
 use crate::sandbox::{check_kvm, GuestImage, VmmLauncher};
-use progress::{Bars, Plain, Progress};
-use scheduler::{Abort, Executor, RunResult, SchedOptions};
+use crate::scheduler::progress::{Bars, Plain, Progress};
+use crate::scheduler::{Abort, Executor, RunResult, SchedOptions};
 
 /// Memory kept free for the host beyond the VMs' budget.
 pub const HOST_MARGIN_MB: u64 = 512;
@@ -90,7 +81,7 @@ impl Default for ApplyOptions {
             output: OutputFormat::Human,
             junit: None,
             max_parallel: None,
-            max_output: data::DEFAULT_MAX_OUTPUT,
+            max_output: crate::capped::DEFAULT_MAX_OUTPUT,
             boot_timeout: Duration::from_secs(300),
             logs_dir: None,
             retry_base: Duration::from_secs(1),
@@ -589,7 +580,7 @@ pub fn run_with_signals(
                 }
             }
         });
-        Ok(scheduler::run_plan(plan, exec, sched, progress, rx).await)
+        Ok(crate::scheduler::run_plan(plan, exec, sched, progress, rx).await)
     })
 }
 

@@ -70,18 +70,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::data::element;
-use super::scheduler::{Abort, NodeRecord, RunResult, Status};
 use crate::limits::Timeout;
 use crate::plan::{Plan, PlanNode};
+use crate::scheduler::data::element;
+use crate::scheduler::{Abort, NodeRecord, RunResult, Status};
 
 /// Report format version.
 pub const REPORT_VERSION: u64 = 1;
 
-/// `12.3s`.
-pub fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
+use crate::units::secs;
 
 fn ms(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_millis() as u64))
@@ -205,7 +202,7 @@ fn stderr_lines(tail: &str) -> Vec<String> {
 
 /// A node's `network` entry: its policy and its last attempt's denials; `null` without a
 /// network device.
-fn network(node: &PlanNode, a: Option<&super::scheduler::Attempt>) -> Value {
+fn network(node: &PlanNode, a: Option<&crate::scheduler::Attempt>) -> Value {
     match &node.sandbox.network {
         None if a.is_some_and(|a| a.gateway.is_some()) => json!({
             "policy": Value::Null,
@@ -227,7 +224,7 @@ fn kit(
     plan: &Plan,
     remotes: &crate::kit::Remotes,
     node: &PlanNode,
-    a: Option<&super::scheduler::Attempt>,
+    a: Option<&crate::scheduler::Attempt>,
 ) -> Value {
     if let Some(k) = a.and_then(|a| a.kit.as_ref()) {
         return json!(k);
@@ -419,7 +416,7 @@ mod timeout_tests {
     use std::path::Path;
 
     use super::*;
-    use crate::apply::scheduler::Attempt;
+    use crate::scheduler::Attempt;
 
     fn plan(src: &str) -> Plan {
         let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));

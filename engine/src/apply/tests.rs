@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::cancel::NodeControl;
-use super::progress::Silent;
-use super::scheduler::{
-    backoff, run_plan, Abort, Attempt, Executor, Job, RunResult, SchedOptions, Status,
-};
 use super::*;
 use crate::plan::{Action, Plan};
+use crate::scheduler::cancel::NodeControl;
+use crate::scheduler::progress::Silent;
+use crate::scheduler::{
+    backoff, run_plan, Abort, Attempt, Executor, Job, RunResult, SchedOptions, Status,
+};
 
 fn plan(src: &str) -> Plan {
     crate::testing::compile_for_test(src)
@@ -60,7 +60,7 @@ impl Executor for Fake {
             "flaky" if job.attempt >= arg.parse().unwrap_or(1) => Attempt::ok(b"ok".to_vec()),
             "big" => Attempt::failed(
                 Status::Failed,
-                super::data::over_cap("stdout", 99, job.max_output),
+                crate::capped::over_cap("stdout", 99, job.max_output),
             ),
             _ => Attempt::failed(Status::Failed, "exit code 1"),
         };

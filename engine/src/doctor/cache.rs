@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use super::host::{BuildDeps, Readiness};
 use super::{Check, HostProfile, Status};
-use crate::image::{human_age, human_size, Cache};
+use crate::image::Cache;
 use crate::sandbox::GuestImage;
 use crate::snapshot::store::{self, Store};
+use crate::units::{human_age, human_size};
 
 /// Name of the guest image check.
 pub const IMAGE: &str = "guest-image";
@@ -153,7 +154,7 @@ pub fn image_check(
                 m.profile,
                 m.kernel.release,
                 human_size(m.system_disk.as_ref().map_or(0, |a| a.size)),
-                human_age(crate::image::age(m.created_unix)),
+                human_age(crate::units::age(m.created_unix)),
             ),
         );
         return finding(check, Some(g.hash));

@@ -22,7 +22,8 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::image::{Format, Profile};
+use crate::image::Profile;
+use crate::output::Format;
 
 /// Every check's name, in report order.
 pub const CHECK_NAMES: &[&str] = &[

@@ -24,9 +24,18 @@ pub const PACKAGES: &[&str] = &[
     "libc6-dev",
     super::erofs::EROFS_PACKAGE,
     // the musl loader and bash of the runtimes disk (engine/src/runtimes)
-    crate::runtimes::MUSL_PACKAGE,
-    crate::runtimes::BASH_PACKAGE,
+    MUSL_PACKAGE,
+    BASH_PACKAGE,
 ];
+
+/// Debian package whose `libc.so` is the musl dynamic loader (of the runtimes disk).
+pub const MUSL_PACKAGE: &str = "musl";
+/// Where Debian's `musl` installs it.
+pub const MUSL_LIBC: &str = "/usr/lib/x86_64-linux-musl/libc.so";
+/// Debian package carrying a static bash (the runtimes disk's shell).
+pub const BASH_PACKAGE: &str = "bash-static";
+/// Where Debian's `bash-static` installs it.
+pub const BASH_STATIC: &str = "/bin/bash-static";
 
 /// Where busybox-static installs its binary.
 pub const BUSYBOX_PATH: &str = "/bin/busybox";

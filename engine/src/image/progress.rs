@@ -6,17 +6,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// How to report progress.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ProgressMode {
-    /// A bar on a terminal, plain lines otherwise.
-    #[default]
-    Auto,
-    /// Plain lines only.
-    Plain,
-    /// Nothing.
-    Quiet,
-}
+use crate::output::ProgressMode;
 
 /// Progress reporter of one build.
 pub struct Progress {

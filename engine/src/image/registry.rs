@@ -707,7 +707,7 @@ async fn download(
             log(&format!(
                 "  {} ({})",
                 kind.file,
-                super::human_size(desc.size)
+                crate::units::human_size(desc.size)
             ));
         }
         let dest = files.join(kind.file);
@@ -874,7 +874,7 @@ pub fn image_for_ref(
 
 /// `voidbox image push REF [HASH] [--profile P]`: prints the digest (JSON: reference, digest,
 /// pinned reference, hash, profile, kernel release).
-pub(super) fn cli_push(
+pub fn cli_push(
     reference: &str,
     hash: Option<&str>,
     profile: ProfileChoice,
@@ -916,7 +916,7 @@ pub(super) fn cli_push(
 
 /// `voidbox image pull REF`: prints the image hash and directory (JSON: reference, digest,
 /// pinned reference, hash, dir, profile, kernel release, downloaded).
-pub(super) fn cli_pull(
+pub fn cli_pull(
     reference: &str,
     insecure_flags: &[String],
     format: super::Format,
@@ -1107,41 +1107,6 @@ mod tests {
         assert!(index_entry(&cache, &pin).is_none());
         record(&cache, std::slice::from_ref(&pin), &d, &"b".repeat(64)).unwrap();
         assert_eq!(index_entry(&cache, &pin).unwrap().hash, "b".repeat(64));
-    }
-
-    #[test]
-    fn cli_parses_push_and_pull() {
-        use super::super::{Format, ImageCommand};
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct T {
-            #[command(subcommand)]
-            c: ImageCommand,
-        }
-        let t = T::try_parse_from(["x", "push", "reg:5000/g:v1", "abc123", "--profile", "plain"])
-            .unwrap();
-        assert!(matches!(
-            t.c,
-            ImageCommand::Push { ref reference, hash: Some(ref h), profile: ProfileChoice::Plain, .. }
-                if reference == "reg:5000/g:v1" && h == "abc123"
-        ));
-        let t = T::try_parse_from([
-            "x",
-            "pull",
-            "reg:5000/g:v1",
-            "--format",
-            "json",
-            "--insecure-registry",
-            "reg:5000",
-        ])
-        .unwrap();
-        assert!(matches!(
-            t.c,
-            ImageCommand::Pull { format: Format::Json, ref insecure_registries, .. }
-                if insecure_registries == &["reg:5000"]
-        ));
-        assert!(T::try_parse_from(["x", "pull"]).is_err());
-        assert!(T::try_parse_from(["x", "pull", "r", "--insecure-registry", "http://r"]).is_err());
     }
 
     #[test]

@@ -146,6 +146,9 @@ pub struct RemoteOrigin {
 }
 
 /// The `remote:` skills fetched for a plan, by the skill as written (`remote:o/r/s@ref`).
+/// Why `mcp:NAME` alone cannot run: nothing says how to start the server in the guest.
+pub const MCP_NAME_ONLY: &str = "`mcp:NAME` names an MCP server without saying how to start it in the guest; give it as `{mcp: NAME, command: PROGRAM, args: [...], env: {...}}` with a program the VM has (the guest image, a `file:` skill's script, or an OCI skill)";
+
 pub type Remotes = BTreeMap<String, remote::FetchedSkill>;
 
 /// A `remote:` skill that could not be fetched.

@@ -6,7 +6,7 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
-use crate::apply::scheduler::{Attempt, NodeRecord};
+use crate::scheduler::{Attempt, NodeRecord};
 
 /// Bucket boundaries (seconds) for durations from a snapshot restore to a long agent run.
 const SECONDS: [f64; 14] = [

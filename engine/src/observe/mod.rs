@@ -26,9 +26,9 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use petgraph::graph::NodeIndex;
 
-use crate::apply::progress::Progress;
-use crate::apply::scheduler::{Attempt, Event, NodeRecord, RunResult, Status as NodeStatus};
 use crate::plan::Plan;
+use crate::scheduler::progress::Progress;
+use crate::scheduler::{Attempt, Event, NodeRecord, RunResult, Status as NodeStatus};
 pub use config::Settings;
 
 /// Instrumentation scope of every span and metric.

@@ -5,8 +5,8 @@
 use opentelemetry::trace::Status;
 use opentelemetry::KeyValue;
 
-use crate::apply::scheduler::{AgentStats, Attempt, NodeRecord, Status as NodeStatus};
 use crate::plan::{Action, Plan, PlanNode};
+use crate::scheduler::{AgentStats, Attempt, NodeRecord, Status as NodeStatus};
 
 /// OpenInference's span kind attribute.
 pub const OI_KIND: &str = "openinference.span.kind";

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::config::{resolve, Protocol};
 use super::*;
-use crate::apply::progress::Silent;
-use crate::apply::scheduler::{AgentStats, Attempt, Event, NodeRecord, RunResult, Status as St};
+use crate::scheduler::progress::Silent;
+use crate::scheduler::{AgentStats, Attempt, Event, NodeRecord, RunResult, Status as St};
 use crate::spec::model::Observe;
 
 fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

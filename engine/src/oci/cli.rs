@@ -15,7 +15,8 @@ use super::{
     max_bytes, open_store, parse_registry_host, pull_into, pull_options_with, short_digest,
     OciError, Store, MAX_BYTES_ENV,
 };
-use crate::image::{human_age, human_size, Format, ProgressMode};
+use crate::output::{Format, ProgressMode};
+use crate::units::{human_age, human_size};
 
 /// `voidbox pull` arguments.
 #[derive(Debug, clap::Args)]
@@ -83,7 +84,7 @@ pub enum OciCommand {
     /// Evict least recently used images until the cache fits in SIZE.
     Prune {
         /// Size to shrink to (e.g. 5G, 512M); default: VOIDBOX_OCI_MAX_BYTES, else 20G.
-        #[arg(long, value_name = "SIZE", value_parser = crate::apply::data::parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
         max_bytes: Option<u64>,
         /// OCI cache.
         #[arg(long, value_name = "DIR")]
@@ -189,7 +190,7 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 fn ago(t: SystemTime) -> String {
-    human_age(crate::image::age(unix(t)))
+    human_age(crate::units::age(unix(t)))
 }
 
 fn references(c: &CachedImage) -> String {

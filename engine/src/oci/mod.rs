@@ -27,7 +27,8 @@ pub use progress::PullReporter;
 use voidbox_oci::{BootFiles, CachedImage, Digest, ImageRef, Platform};
 pub use voidbox_oci::{OciError, PullOptions, PulledImage, Store};
 
-use crate::image::{human_size, ProgressMode};
+use crate::output::ProgressMode;
+use crate::units::human_size;
 
 /// Environment variable capping the OCI cache, in bytes (`K`, `M`, `G` suffixes).
 pub const MAX_BYTES_ENV: &str = "VOIDBOX_OCI_MAX_BYTES";
@@ -41,7 +42,7 @@ pub const INSECURE_REGISTRIES_ENV: &str = "VOIDBOX_INSECURE_REGISTRIES";
 /// variable and what is wrong with its value.
 pub fn max_bytes() -> Result<u64, String> {
     match std::env::var(MAX_BYTES_ENV) {
-        Ok(v) => crate::apply::data::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
+        Ok(v) => crate::units::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
         Err(_) => Ok(DEFAULT_MAX_BYTES),
     }
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use voidbox_oci::PullProgress;
 
-use crate::image::{human_size, ProgressMode};
+use crate::output::ProgressMode;
+use crate::units::human_size;
 
 /// Reports the progress of pulling one reference; a [`PullProgress`] for
 /// [`voidbox_oci::Store::pull`].

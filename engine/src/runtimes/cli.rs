@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use serde_json::{json, Value};
 
 use super::{RuntimesDisk, RuntimesError};
-use crate::image::{human_age, human_size, Cache, Format};
+use crate::image::Cache;
+use crate::output::Format;
+use crate::units::{human_age, human_size};
 
 /// `voidbox runtimes` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -197,7 +199,7 @@ pub fn disk_json(d: &RuntimesDisk) -> Value {
             "file": r.file.path,
         })).collect::<Vec<_>>(),
         "created_unix": created,
-        "age_seconds": crate::image::age(created),
+        "age_seconds": crate::units::age(created),
     })
 }
 
@@ -230,7 +232,7 @@ pub fn print_table(disks: &[RuntimesDisk]) {
             debian(d, super::MUSL_PACKAGE),
             debian(d, super::BASH_PACKAGE),
             human_size(d.size()),
-            human_age(crate::image::age(created)),
+            human_age(crate::units::age(created)),
             if current.as_deref() == Some(d.key()) {
                 ""
             } else {

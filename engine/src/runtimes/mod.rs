@@ -407,7 +407,7 @@ pub(crate) fn ensure_with(
             log(&format!(
                 "  {} ({})",
                 f.path,
-                crate::image::human_size(f.size)
+                crate::units::human_size(f.size)
             ));
         }
         packages.push(PackageRecord {

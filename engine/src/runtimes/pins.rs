@@ -19,17 +19,11 @@ pub const CODEX_VERSION: &str = "0.169.0-linux-x64";
 /// The pinned npm integrity of its tarball.
 pub const CODEX_INTEGRITY: &str = "sha512-o05NyAOCDygSPRo1yinzxvkRSdmsZyBD9E7mbpmjRanSfM8lypqWtQgEo4XfNkwhuCR2aFu8mlGOsQGFXVbVww==";
 
-/// Debian package whose `libc.so` is the musl dynamic loader.
-pub const MUSL_PACKAGE: &str = "musl";
-/// Where Debian's `musl` installs it.
-pub const MUSL_LIBC: &str = "/usr/lib/x86_64-linux-musl/libc.so";
+// The host packages the disk is built from are the image builder's build dependencies.
+pub use crate::image::deps::{BASH_PACKAGE, BASH_STATIC, MUSL_LIBC, MUSL_PACKAGE};
 
 /// Disk path of the musl loader (relative to the mount point).
 pub const LOADER_PATH: &str = "lib/ld-musl-x86_64.so.1";
-/// Debian package carrying a static bash.
-pub const BASH_PACKAGE: &str = "bash-static";
-/// Where Debian's `bash-static` installs it.
-pub const BASH_STATIC: &str = "/bin/bash-static";
 /// Disk path of bash.
 pub const BASH_PATH: &str = "bash/bin/bash";
 /// Disk path of Claude Code.

@@ -386,7 +386,7 @@ fn runtimes_older_layouts_are_stale_and_removable() {
     m.layout = 1;
     let dir = d.path.parent().unwrap().to_path_buf();
     std::fs::write(dir.join(MANIFEST_FILE), m.to_json()).unwrap();
-    let (failed, out) = cli::verify_all(Some(&root), crate::image::Format::Json).unwrap();
+    let (failed, out) = cli::verify_all(Some(&root), crate::output::Format::Json).unwrap();
     assert_eq!(failed, 0, "{out:?}");
     assert_eq!(out[0]["stale"], true, "{out:?}");
     assert!(

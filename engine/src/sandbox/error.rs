@@ -201,9 +201,67 @@ pub fn signal_name(sig: i32) -> &'static str {
     }
 }
 
+/// The shell-style exit code and message of the guest refusing to start `program`: 127 and
+/// "cannot run" when it does not exist (`NotFound`: not on the guest's `PATH`, or not
+/// executable), 126 when the guest policy refuses it (`NotAllowed`). `None` for any other
+/// failure, which is the VM's (125).
+pub fn refused_exec(program: &str, e: &SandboxError) -> Option<(u8, String)> {
+    match e {
+        SandboxError::Guest {
+            what,
+            code: ErrorCode::NotFound,
+            message,
+        } if what == "exec" || what == "pty_open" => {
+            Some((127, format!("cannot run {program}: {message}")))
+        }
+        SandboxError::Guest {
+            code: ErrorCode::NotAllowed,
+            message,
+            ..
+        } => Some((
+            126,
+            format!("{program}: refused by the guest policy: {message}"),
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_exec_codes() {
+        let guest = |what: &str, code| SandboxError::Guest {
+            what: what.into(),
+            code,
+            message: "program `nosuchcmd` not found in PATH (/usr/bin:/bin)".into(),
+        };
+        let (code, why) = refused_exec("nosuchcmd", &guest("exec", ErrorCode::NotFound)).unwrap();
+        assert_eq!(code, 127);
+        assert!(
+            why.starts_with("cannot run nosuchcmd: program `nosuchcmd` not found"),
+            "{why}"
+        );
+        assert_eq!(
+            refused_exec("x", &guest("exec", ErrorCode::NotAllowed)).map(|r| r.0),
+            Some(126)
+        );
+        assert_eq!(
+            refused_exec("x", &guest("pty_open", ErrorCode::NotFound)).map(|r| r.0),
+            Some(127)
+        );
+        // Anything else is the VM's failure (125), a missing file included.
+        assert_eq!(
+            refused_exec("x", &guest("read_file /a", ErrorCode::NotFound)),
+            None
+        );
+        assert_eq!(refused_exec("x", &guest("exec", ErrorCode::Io)), None);
+        assert_eq!(
+            refused_exec("x", &SandboxError::Environment("no kvm".into())),
+            None
+        );
+    }
 
     #[test]
     fn exit_text_quotes_console_tail() {

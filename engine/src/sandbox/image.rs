@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::image::{self, Cache, EnsureOptions, ImageError, Profile, ProgressMode};
+use crate::image::{self, Cache, EnsureOptions, ImageError, Profile};
+use crate::output::ProgressMode;
 
 use super::error::SandboxError;
 

@@ -1,11 +1,11 @@
 //! `voidbox shell AGENT_SPEC`: the agent's own runtime on the terminal, set up as
 //! `voidbox apply` sets up an agent box.
 //!
-//! Before the VM starts: the agent's `llm` is resolved ([`crate::apply::runtime::endpoints`]:
+//! Before the VM starts: the agent's `llm` is resolved ([`crate::node::launch::endpoints`]:
 //! provider, key, overrides; exit 3 when it cannot run here), the mock runtime is refused
 //! (it has no interactive mode; exit 2), the runtimes disk is ensured, the agent's
 //! credential gateway started ([`crate::gateway`]), and its kit (skills, `prompt_files`)
-//! and the runtime's configuration built ([`crate::apply::runtime::launch_interactive`]).
+//! and the runtime's configuration built ([`crate::node::launch::launch_interactive`]).
 //! The VM gets the runtimes disk, a NAT that reaches the gateway
 //! ([`crate::gateway::guest_network`]), and the files before the terminal opens. The key
 //! never enters the guest: the runtime holds the gateway's per-session placeholder.
@@ -13,9 +13,9 @@
 use voidbox_protocol::ExecRequest;
 
 use super::Failure;
-use crate::apply::agent::{kit_files, GuestFile};
-use crate::apply::runtime::{launch_interactive, GatewayAccess, Launch};
 use crate::gateway::{Gateway, GatewayStats};
+use crate::node::agent::{kit_files, GuestFile};
+use crate::node::launch::{launch_interactive, GatewayAccess, Launch};
 use crate::plan::{Action, AgentAction, Plan, PlanNode};
 use crate::providers::{Endpoint, Runtime};
 use crate::sandbox::disks::ImageDisk;
@@ -58,10 +58,10 @@ impl Agent {
             return Err(Failure::usage(format!(
                 "`{}`: {}\n  help: use a real runtime (`provider: claude`, `codex`, …), or run the task with `voidbox apply`",
                 plan.name,
-                crate::apply::runtime::MOCK_NOT_INTERACTIVE
+                crate::node::launch::MOCK_NOT_INTERACTIVE
             )));
         }
-        let mut endpoints = crate::apply::runtime::endpoints(plan, env).map_err(|failures| {
+        let mut endpoints = crate::node::launch::endpoints(plan, env).map_err(|failures| {
             let lines: Vec<String> = failures
                 .into_iter()
                 .map(|f| format!("node `{}`: {}\n  help: {}", f.node, f.message, f.help))

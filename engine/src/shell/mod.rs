@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use voidbox_protocol::{ErrorCode, PtyOpen};
 
-use crate::image::ProgressMode;
 use crate::limits::Timeout;
 use crate::mount_flag::{self as mounts, HostMount};
+use crate::output::ProgressMode;
 use crate::plan::{Action, Plan, PlanNode};
 use crate::run::{guest_image, parse_env, start_vm};
 use crate::sandbox::disks::ImageDisk;
@@ -284,7 +284,7 @@ fn vm_config(
     };
     if let (Some(node), Some(plan)) = (&setup.node, plan) {
         let vms =
-            crate::apply::images::prepare(plan, &base, None, ProgressMode::Auto).map_err(|e| {
+            crate::node::images::prepare(plan, &base, None, ProgressMode::Auto).map_err(|e| {
                 SandboxError::Environment(match e {
                     Ok(refusals) => refusals
                         .iter()
@@ -318,11 +318,11 @@ fn vm_config(
     cfg.network = crate::gateway::guest_network(setup.network.clone(), gateway_port)
         .map(|p| crate::network::nat_config(p, &setup.dns_upstreams));
     cfg.wall_limit = Some(cfg.boot_timeout + Duration::from_secs(setup.timeout.secs + 60));
-    let mut policy = crate::apply::policy::run_policy(program, Some(setup.timeout.secs));
+    let mut policy = crate::node::policy::run_policy(program, Some(setup.timeout.secs));
     if let (Some(node), Some(list)) = (&setup.node, policy.allowlist.as_mut()) {
         policy.rlimits = node.sandbox.limits.or_default();
         // An agent's runtime is its own program; a sandbox has none.
-        for p in crate::apply::policy::allowlist(node, Some(program)) {
+        for p in crate::node::policy::allowlist(node, Some(program)) {
             if !list.contains(&p) {
                 list.push(p);
             }
@@ -347,7 +347,7 @@ fn run(
             let workdir = args
                 .workdir
                 .as_deref()
-                .unwrap_or(crate::apply::runtime::WORKDIR);
+                .unwrap_or(crate::node::launch::WORKDIR);
             Some(a.prepare(plan, node, workdir)?)
         }
         _ => None,

@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use super::store::{self, Store};
 use super::{create, CreateOptions, GoldenSpec, LockMode};
-use crate::image::{human_age, human_size, Format, ProgressMode};
+use crate::output::{Format, ProgressMode};
 use crate::sandbox::{check_kvm, GuestImage, SandboxError, VmmLauncher};
+use crate::units::{human_age, human_size};
 
 /// `voidbox snapshot` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -115,7 +116,7 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 fn age(unix_secs: u64) -> String {
-    human_age(crate::image::age(unix_secs))
+    human_age(crate::units::age(unix_secs))
 }
 
 fn run(cmd: SnapshotCommand) -> CliResult {

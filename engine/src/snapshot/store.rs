@@ -413,7 +413,7 @@ impl Store {
 /// The cache size cap: [`MAX_BYTES_ENV`] or [`DEFAULT_MAX_BYTES`].
 pub fn max_bytes() -> Result<u64, String> {
     match std::env::var(MAX_BYTES_ENV) {
-        Ok(v) => crate::apply::data::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
+        Ok(v) => crate::units::parse_size(&v).map_err(|e| format!("{MAX_BYTES_ENV}: {e}")),
         Err(_) => Ok(DEFAULT_MAX_BYTES),
     }
 }

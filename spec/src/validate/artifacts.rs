@@ -119,7 +119,7 @@ mod tests {
         let mut out = Vec::new();
         check(root.get("pipeline").expect("pipeline"), &mut out);
         out.iter()
-            .map(|d| (d.code, yaml::line_col(text, d.span.offset).0))
+            .map(|d| (d.code, crate::diagnostic::line_col(text, d.span.offset).0))
             .collect()
     }
 

@@ -83,7 +83,8 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::yaml::{line_col, parse};
+    use crate::diagnostic::line_col;
+    use crate::yaml::parse;
 
     /// `(line, column, message)` of each diagnostic.
     fn bad(src: &str) -> Vec<(usize, usize, String)> {

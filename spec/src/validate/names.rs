@@ -40,7 +40,8 @@ pub fn check(root: &Node, out: &mut Vec<Diagnostic>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::yaml::{line_col, parse};
+    use crate::diagnostic::line_col;
+    use crate::yaml::parse;
 
     fn bad(src: &str) -> Vec<(usize, usize, String)> {
         let root = parse(src).expect("yaml");

@@ -142,7 +142,8 @@ fn port_of(n: &Node) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::yaml::{line_col, parse};
+    use crate::diagnostic::line_col;
+    use crate::yaml::parse;
 
     /// `(code, line, column, message, help)` of each diagnostic.
     fn diags(src: &str) -> Vec<(String, usize, usize, String, String)> {

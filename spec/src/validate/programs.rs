@@ -124,7 +124,7 @@ mod tests {
         out.iter()
             .map(|d| {
                 assert_eq!(d.code, "voidbox::program_not_found");
-                let (l, c) = yaml::line_col(text, d.span.offset);
+                let (l, c) = crate::diagnostic::line_col(text, d.span.offset);
                 (l, c, d.help.clone().unwrap_or_default())
             })
             .collect()

@@ -136,7 +136,7 @@ mod tests {
         let mut out = Vec::new();
         check(&root, &|| programs, &mut out);
         out.iter()
-            .map(|d| (d.code, yaml::line_col(text, d.span.offset).0))
+            .map(|d| (d.code, crate::diagnostic::line_col(text, d.span.offset).0))
             .collect()
     }
 

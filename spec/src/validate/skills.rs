@@ -241,7 +241,7 @@ pub fn agent_skill_problems(text: &str, dir_name: &str) -> Vec<SkillProblem> {
     };
     let start = text.find('\n').map_or(text.len(), |p| p + 1);
     let front = &text[start..start + body_len];
-    let line_of = |offset: usize| yaml::line_col(front, offset).0 + 1;
+    let line_of = |offset: usize| crate::diagnostic::line_col(front, offset).0 + 1;
     let root = match yaml::parse(front) {
         Ok(root) => root,
         Err(e) if e.code == "voidbox::empty_file" => {

@@ -1,10 +1,10 @@
 //! Agent boxes: the skills copied into the guest (the node's kit, where its runtime
 //! discovers skills) and the report's statistics of what the runtime said
-//! ([`crate::agent_output`]). How each runtime starts is in [`super::runtime`].
+//! ([`crate::agent_output`]). How each runtime starts is in [`super::launch`].
 
-use super::scheduler::AgentStats;
 use crate::agent_output::AgentOutcome;
 use crate::providers::Endpoint;
+use crate::scheduler::AgentStats;
 
 /// The mock runtime's path in the guest image.
 pub const MOCK_RUNTIME: &str = "/opt/voidbox/runtimes/mock/bin/voidbox-mock-llm";
@@ -46,7 +46,7 @@ pub fn kit_files(
 /// whatever the endpoint; the mock's script may name a cost, but no money was spent).
 pub fn stats(outcome: &AgentOutcome, endpoint: &Endpoint) -> AgentStats {
     AgentStats {
-        runtime: super::runtime::runtime_name(endpoint.runtime).into(),
+        runtime: super::launch::runtime_name(endpoint.runtime).into(),
         provider: endpoint.provider.as_str().into(),
         model: outcome.model.clone().or_else(|| endpoint.model.clone()),
         input_tokens: outcome.input_tokens,

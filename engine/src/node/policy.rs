@@ -17,7 +17,7 @@ use voidbox_protocol::{valid_allow_entry, GuestPolicy, ResourceLimits};
 use crate::plan::{Action, PlanNode};
 
 /// The programs `node`'s guest agent may start, in order, without duplicates;
-/// `runtime` is an agent node's runtime program ([`super::runtime::launch`]).
+/// `runtime` is an agent node's runtime program ([`super::launch::launch`]).
 pub fn allowlist(node: &PlanNode, runtime: Option<&str>) -> Vec<String> {
     let own = match &node.action {
         Action::Command(c) => Some(c.program.clone()),
@@ -68,7 +68,7 @@ pub fn run_policy(program: &str, timeout_secs: Option<u64>) -> GuestPolicy {
 mod tests {
 
     use super::*;
-    use crate::apply::agent::MOCK_RUNTIME;
+    use crate::node::agent::MOCK_RUNTIME;
     use crate::plan::Plan;
 
     fn plan(src: &str) -> Plan {

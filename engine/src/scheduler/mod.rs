@@ -4,6 +4,10 @@
 //! pool through an [`Executor`]; results are stored per node, so they do not depend on the
 //! order in which nodes finish.
 
+pub mod cancel;
+pub mod data;
+pub mod progress;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,11 +15,24 @@ use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use tokio::sync::{mpsc, watch};
 
-use super::cancel::{NodeControl, StopReason};
-use super::data::{final_output, node_input, NodeInput};
-use super::progress::Progress;
+use self::cancel::{NodeControl, StopReason};
+use self::data::{final_output, node_input, NodeInput};
+use self::progress::Progress;
 use crate::plan::{Plan, PlanNode};
 use crate::spec::model::OnFailure;
+
+/// A collected output, as the JSON report lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ArtifactStats {
+    /// The output's name.
+    pub name: String,
+    /// Regular files copied.
+    pub files: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Symlinks and special files left out (never followed).
+    pub skipped: u64,
+}
 
 /// One attempt of one node, as handed to an executor.
 #[derive(Debug, Clone)]
@@ -125,7 +142,7 @@ pub struct Attempt {
     /// An environment problem (no KVM, no image): the run exits 3.
     pub environment: bool,
     /// Output directories copied out of the VM (on success).
-    pub artifacts: Vec<super::artifacts::ArtifactStats>,
+    pub artifacts: Vec<ArtifactStats>,
     /// What the VM's NAT denied (final counts; empty without a network device).
     pub net_denials: Vec<voidbox_net::Denial>,
     /// An agent's skills kit as staged into this attempt's VM (per skill: files, bytes,

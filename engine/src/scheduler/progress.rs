@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use petgraph::graph::NodeIndex;
 
-use super::report::secs;
-use super::scheduler::{Attempt, Event, NodeRecord, Status};
+use super::{Attempt, Event, NodeRecord, Status};
 use crate::plan::Plan;
+use crate::units::secs;
 
 /// Receives scheduler events.
 pub trait Progress: Send + Sync {

@@ -29,8 +29,6 @@ pub const CODEX_TOKEN_ENV: &str = "VOIDBOX_GATEWAY_TOKEN";
 pub const MAX_RETRIES: u32 = 2;
 /// Claude Code's MCP configuration (`--mcp-config`), written per VM.
 pub const CLAUDE_MCP_CONFIG: &str = "/home/sandbox/.voidbox/mcp.json";
-/// Why `mcp:NAME` alone cannot run: nothing says how to start the server in the guest.
-pub const MCP_NAME_ONLY: &str = "`mcp:NAME` names an MCP server without saying how to start it in the guest; give it as `{mcp: NAME, command: PROGRAM, args: [...], env: {...}}` with a program the VM has (the guest image, a `file:` skill's script, or an OCI skill)";
 /// `PATH` of the runtimes: their own directory first, then the system's.
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 

@@ -100,7 +100,7 @@ impl<'a> Located<'a> {
     }
 
     fn at(&self, field: String, span: Span, message: String, help: &str) -> Refusal {
-        let (line, column) = yaml::line_col(&self.src.text, span.offset);
+        let (line, column) = crate::diagnostic::line_col(&self.src.text, span.offset);
         Refusal {
             field,
             line,
@@ -437,7 +437,7 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
     for (field, s) in at.skills() {
         let refuse = match &s.kind {
             NodeKind::Str(text) => match parse_skill(text) {
-                Ok(SkillRef::Mcp(_)) => Some(super::runtime::MCP_NAME_ONLY),
+                Ok(SkillRef::Mcp(_)) => Some(crate::kit::MCP_NAME_ONLY),
                 Ok(SkillRef::Agent(name)) if !crate::validate::runtimes::is_known(name) => {
                     Some("this `agent:` runtime is unknown (known: `claude-code`, `codex`)")
                 }

@@ -1,6 +1,8 @@
 //! Command-line interface (clap). Exit codes follow the CLI contract: 0 success, 1 invalid
 //! spec / failed pipeline, 2 usage or I/O error, 3 environment (no KVM, no guest image).
 
+pub mod image;
+
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -40,7 +42,7 @@ pub enum Command {
     Doctor(crate::doctor::DoctorArgs),
     /// Manage the guest image (kernel + system disk).
     #[command(subcommand)]
-    Image(crate::image::ImageCommand),
+    Image(image::ImageCommand),
     /// Manage the read-only runtimes disk (Claude Code, Codex) that agent VMs mount.
     #[command(subcommand)]
     Runtimes(crate::runtimes::cli::RuntimesCommand),
@@ -125,7 +127,7 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_parallel: Option<u32>,
     /// Per-node output cap (e.g. 16MiB); a larger output fails the node.
-    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = crate::apply::data::parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = crate::units::parse_size)]
     pub max_output: u64,
     /// Seconds to wait for each VM's guest agent to come up.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
@@ -219,7 +221,7 @@ pub fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Doctor(args) => crate::doctor::doctor_cmd(&args),
-        Command::Image(cmd) => crate::image::run_cli(cmd),
+        Command::Image(cmd) => image::run_cli(cmd),
         Command::Runtimes(cmd) => crate::runtimes::cli::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),
@@ -506,7 +508,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let spec = crate::apply::refusals::SpecSource::parse(
+    let spec = crate::node::refusals::SpecSource::parse(
         args.file.display().to_string(),
         source.to_string(),
     )
@@ -553,11 +555,11 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
 /// need the guest image run when it is cached; without it they are named as deferred.
 fn dry_run(
     plan: &mut Plan,
-    spec: Option<&crate::apply::refusals::SpecSource>,
+    spec: Option<&crate::node::refusals::SpecSource>,
     args: &ApplyArgs,
 ) -> u8 {
     let snapshots = !args.no_snapshot;
-    use crate::apply::refusals;
+    use crate::node::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
         eprintln!("{msg}");
         return 2;
@@ -574,8 +576,8 @@ fn dry_run(
     let mut r = refusals::check_spec(plan, src);
     if r.is_empty() {
         // A provider, key or login that cannot work here (as `apply` would refuse it).
-        match crate::apply::runtime::endpoints(plan, &|k| std::env::var(k).ok()) {
-            Err(f) => r = crate::apply::runtime::endpoint_refusals(plan, src, f),
+        match crate::node::launch::endpoints(plan, &|k| std::env::var(k).ok()) {
+            Err(f) => r = crate::node::launch::endpoint_refusals(plan, src, f),
             // A model endpoint that is down (as `apply` would refuse it).
             Ok(e) if !args.no_endpoint_check => {
                 if let Err(code) = crate::apply::check_endpoints(plan, Some(src), &e) {

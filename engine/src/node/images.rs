@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use voidbox_oci::{PulledImage, RuntimeConfig};
 
 use super::refusals::{locate, NodeField, Refusal, SpecSource};
-use crate::image::ProgressMode;
+use crate::output::ProgressMode;
 use crate::plan::{Action, Plan, PlanNode};
 use crate::sandbox::boot::{custom_boot, BootSource};
 use crate::sandbox::disks::{DiskRole, ImageDisk, VmDisks};
