@@ -486,3 +486,185 @@ fn an_agent_on_the_mock_runtime_or_with_a_program_is_refused_before_a_vm_starts(
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--program"), "{err}");
 }
+
+/// Runs `voidbox shell ARGS` with no input and `env` set; returns (exit code, stderr).
+fn shell_refused(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = Command::new(VOIDBOX)
+        .arg("shell")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An interactive agent spec with `extra` lines under `agent:`.
+fn agent_spec(dir: &Path, name: &str, llm: &str, extra: &str) -> String {
+    voidbox_tests::write_file(
+        dir,
+        name,
+        &format!("api_version: v1\nkind: agent\nname: a\nllm: {llm}\nagent:\n  prompt: hi\n  mode: interactive\n{extra}"),
+    )
+}
+
+#[test]
+fn shell_refuses_what_apply_refuses_at_its_line_before_a_vm_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = [("VBX_SHELL_KEY", "sk-test-not-a-key")];
+    let claude = "{provider: claude, api_key_env: VBX_SHELL_KEY}";
+    // `messaging` is refused as `apply` refuses it; `mode: interactive` is what shell opens.
+    let spec = agent_spec(
+        dir.path(),
+        "msg.yaml",
+        claude,
+        "  messaging: {enabled: true}\n",
+    );
+    let (code, err) = shell_refused(&[&spec], &key);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains(&format!("{spec}:8:3")) && err.contains("messaging"),
+        "{err}"
+    );
+    assert!(!err.contains("mode: interactive"), "{err}");
+    // An unknown `agent:` runtime only warns in `validate`; shell refuses it, as apply does.
+    let spec = agent_spec(
+        dir.path(),
+        "rt.yaml",
+        claude,
+        "  skills: [\"agent:nosuch\"]\n",
+    );
+    let (code, err) = shell_refused(&[&spec], &key);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("agent:` runtime is unknown"), "{err}");
+    // A model endpoint that is down is found before a VM boots (`--no-endpoint-check` skips).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let local = format!("{{provider: ollama, base_url: \"http://127.0.0.1:{port}\"}}");
+    let spec = agent_spec(dir.path(), "down.yaml", &local, "");
+    let (code, err) = shell_refused(&[&spec], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("llm.base_url") && err.contains("unreachable"),
+        "{err}"
+    );
+    // A sandbox spec gets the same checks: a mount apply refuses is refused at its line.
+    let spec = voidbox_tests::write_file(
+        dir.path(),
+        "mnt.yaml",
+        "api_version: v1\nkind: sandbox\nname: s\nsandbox:\n  mounts:\n    - {host: /tmp, guest: /proc/x}\n",
+    );
+    let (code, err) = shell_refused(&[&spec], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains(&format!("{spec}:6:")) && err.contains("/proc/x"),
+        "{err}"
+    );
+}
+
+#[test]
+fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeout_and_telemetry() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // `cli:` programs are checked against the guest image, as `apply` checks them (the
+    // image is known, so validation already refuses the spec: exit 2 in both commands).
+    let spec = agent_spec(
+        dir.path(),
+        "cli.yaml",
+        "{provider: claude, api_key_env: VBX_SHELL_KEY}",
+        "  skills: [\"cli:nosuchtool-4e1f\"]\n",
+    );
+    let key = [("VBX_SHELL_KEY", "sk-test-not-a-key")];
+    let (code, err) = shell_refused(&["--no-endpoint-check", &spec], &key);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("voidbox::cli_not_found") && err.contains("nosuchtool-4e1f"),
+        "{err}"
+    );
+    let apply = Command::new(VOIDBOX)
+        .args(["apply", "--dry-run", "--no-endpoint-check", &spec])
+        .envs(key)
+        .output()
+        .unwrap();
+    assert_eq!(apply.status.code(), code);
+    assert!(String::from_utf8_lossy(&apply.stderr).contains("voidbox::cli_not_found"));
+    // The spec's `timeout_secs` ends the session (124), and its `observe` records it.
+    let (_sink, port, out) = otlp_sink(dir.path());
+    let spec = voidbox_tests::write_file(
+        dir.path(),
+        "timed.yaml",
+        &format!("api_version: v1\nkind: sandbox\nname: timed\ntimeout_secs: 4\nobserve: {{otlp_endpoint: \"http://127.0.0.1:{port}\"}}\nsandbox: {{memory_mb: 128}}\n"),
+    );
+    let t0 = Instant::now();
+    let (code, stdout, stderr) = piped_shell(&[&spec], "sleep 60\n");
+    assert_eq!(code, Some(124), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(55), "{:?}", t0.elapsed());
+    let traces = std::fs::read_to_string(&out).unwrap_or_default();
+    let names: Vec<String> = traces
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["signal"] == "traces")
+        .flat_map(|v| {
+            let mut names = Vec::new();
+            for rs in v["body"]["resourceSpans"].as_array().into_iter().flatten() {
+                for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                    for s in ss["spans"].as_array().into_iter().flatten() {
+                        names.push(s["name"].as_str().unwrap_or_default().to_string());
+                    }
+                }
+            }
+            names
+        })
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "voidbox shell timed") && names.iter().any(|n| n == "node timed"),
+        "spans: {names:?}\nstderr: {stderr}"
+    );
+}
+
+/// `scripts/otlp_sink.py` (a real OTLP/HTTP receiver, in the Phoenix venv) on a free port:
+/// (the server, its port, the file it appends what it received to).
+fn otlp_sink(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = dir.join("sink.jsonl");
+    let root = voidbox_tests::repo_root();
+    let child = Command::new(root.join("scripts/phoenix.sh"))
+        .arg("python")
+        .arg(root.join("scripts/otlp_sink.py"))
+        .arg(port.to_string())
+        .arg(&out)
+        .spawn()
+        .expect("scripts/phoenix.sh (install with `scripts/phoenix.sh install`)");
+    let server = KillOnDrop(child);
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the OTLP sink did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (server, port, out)
+}
+
+/// A child process killed (and reaped) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

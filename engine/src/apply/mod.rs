@@ -14,7 +14,6 @@ pub mod artifacts;
 pub mod executor;
 pub mod report;
 
-use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::node::{images, launch as runtime, reachable, refusals};
+use crate::node::{images, launch as runtime, refusals};
 use crate::output::ProgressMode;
 use crate::plan::Plan;
 use crate::sandbox::{check_kvm, GuestImage, VmmLauncher};
@@ -69,7 +68,7 @@ pub struct ApplyOptions {
     pub spec: Option<Arc<refusals::SpecSource>>,
     /// `--trace FILE`: the run's spans as OTLP JSON.
     pub trace_file: Option<PathBuf>,
-    /// Connect to every model endpoint before anything starts ([`reachable`]); `false`:
+    /// Connect to every model endpoint before anything starts ([`crate::node::reachable`]); `false`:
     /// `--no-endpoint-check`.
     pub endpoint_check: bool,
 }
@@ -132,91 +131,6 @@ fn default_logs_dir(plan: &Plan) -> PathBuf {
     ))
 }
 
-/// Fetches `plan`'s `remote:` skills into the cache ([`crate::kit::fetch_remotes`]) and
-/// returns them (the kits are staged from them); a skill that cannot be fetched (offline, not found, refused) is
-/// reported at its spec line when `spec` is known, and is exit 3 before any VM starts.
-pub fn fetch_remotes(
-    plan: &Plan,
-    spec: Option<&refusals::SpecSource>,
-) -> Result<crate::kit::Remotes, u8> {
-    let failures = match crate::kit::fetch_remotes(plan, &|k| std::env::var(k).ok(), None) {
-        Ok(r) => return Ok(r),
-        Err(f) => f,
-    };
-    const HELP: &str = "check the network and the name, or pin a commit the cache holds (`remote:OWNER/REPO/SKILL@<commit>`); VOIDBOX_GITHUB_API_URL and GITHUB_TOKEN configure the source";
-    match spec {
-        Some(src) => {
-            let r: Vec<refusals::Refusal> = failures
-                .into_iter()
-                .map(|f| {
-                    refusals::locate(
-                        plan,
-                        src,
-                        &f.node,
-                        refusals::NodeField::Skill(f.index),
-                        f.error.to_string(),
-                        HELP,
-                    )
-                })
-                .collect();
-            eprint!("{}", refusals::render(src, &r));
-        }
-        None => {
-            for f in failures {
-                eprintln!("error: node `{}`: {}\n  help: {HELP}", f.node, f.error);
-            }
-        }
-    }
-    Err(refusals::EXIT_REFUSED)
-}
-
-/// Connects to every model endpoint of `endpoints` ([`reachable::check`]); on a failure
-/// prints where each unreachable URL is set and returns [`refusals::EXIT_REFUSED`].
-pub fn check_endpoints(
-    plan: &Plan,
-    spec: Option<&refusals::SpecSource>,
-    endpoints: &HashMap<String, crate::providers::Endpoint>,
-) -> Result<(), u8> {
-    let env = |k: &str| std::env::var(k).ok();
-    let down = reachable::check(plan, endpoints, &env);
-    if down.is_empty() {
-        return Ok(());
-    }
-    let help = "start it first (a local model: e.g. `scripts/local-model.sh start`), fix the URL, \
-                or pass `--no-endpoint-check` if it comes up while the run starts";
-    let mut r = Vec::new();
-    for d in &down {
-        let via = d
-            .via
-            .as_ref()
-            .map_or(String::new(), |p| format!(" through the proxy {p}"));
-        let message = format!("{} is unreachable{via}: {}", d.url, d.why);
-        for node in &d.nodes {
-            match (reachable::url_field(plan, node, &env), spec) {
-                (reachable::UrlSource::Spec(field), Some(src)) => r.push(refusals::locate(
-                    plan,
-                    src,
-                    node,
-                    field,
-                    message.clone(),
-                    help,
-                )),
-                (reachable::UrlSource::Env(var), _) => {
-                    eprintln!("error: node `{node}`: {var}: {message}\n  help: {help}")
-                }
-                (_, None) => eprintln!("error: node `{node}`: {message}\n  help: {help}"),
-            }
-        }
-    }
-    // Nodes sharing the spec's `llm.base_url` share one refusal.
-    r.dedup_by(|a, b| (a.line, a.column, &a.message) == (b.line, b.column, &b.message));
-    match spec.filter(|_| !r.is_empty()) {
-        Some(src) => eprint!("{}", refusals::render(src, &r)),
-        None => eprintln!("error: a model endpoint is unreachable; nothing was started"),
-    }
-    Err(refusals::EXIT_REFUSED)
-}
-
 /// Runs `plan` with the real VM executor, printing progress, summary and reports.
 /// Returns the exit code.
 pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
@@ -224,61 +138,17 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         eprintln!("{msg}");
         return 2;
     }
-    if let Some(src) = &opts.spec {
-        let r = refusals::check_spec(&plan, src);
-        if !r.is_empty() {
-            eprint!("{}", refusals::render(src, &r));
-            return refusals::EXIT_REFUSED;
-        }
-    }
-    // Where telemetry goes is settled (and a bad endpoint refused) before anything starts.
-    let observe = match crate::observe::config::resolve(
-        plan.observe.as_ref(),
-        &|k| std::env::var(k).ok(),
-        opts.trace_file.clone(),
+    let prepared = match crate::node::prepare::prepare(
+        &plan,
+        &crate::node::prepare::Checks {
+            spec: opts.spec.as_deref(),
+            purpose: crate::node::prepare::Purpose::Run,
+            endpoint_check: opts.endpoint_check,
+            trace_file: opts.trace_file.clone(),
+        },
     ) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
-    };
-    // Every agent's provider, key or login is checked before anything starts.
-    let endpoints = match runtime::endpoints(&plan, &|k| std::env::var(k).ok()) {
-        Ok(e) => e,
-        Err(failures) => {
-            match &opts.spec {
-                Some(src) => {
-                    let r = runtime::endpoint_refusals(&plan, src, failures);
-                    eprint!("{}", refusals::render(src, &r));
-                }
-                None => {
-                    for f in failures {
-                        eprintln!(
-                            "error: node `{}`: {}\n  help: {}",
-                            f.node, f.message, f.help
-                        );
-                    }
-                }
-            }
-            return refusals::EXIT_REFUSED;
-        }
-    };
-    if opts.endpoint_check {
-        if let Err(code) = check_endpoints(&plan, opts.spec.as_deref(), &endpoints) {
-            return code;
-        }
-    }
-    let remotes = match fetch_remotes(&plan, opts.spec.as_deref()) {
-        Ok(r) => r,
+        Ok(p) => p,
         Err(code) => return code,
-    };
-    let dns_upstreams = match dns_upstreams(&plan) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
     };
     if let Err(e) = check_kvm() {
         eprintln!("error: {e}");
@@ -298,61 +168,40 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         Arc::new(Plain::new())
     };
     // The run's span opens here, so preparation (images, runtimes) is part of the trace.
-    let observer = match crate::observe::Observer::start(observe, &plan, progress.clone()) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 3;
-        }
-    };
+    let observer =
+        match crate::observe::Observer::start(prepared.observe.clone(), &plan, progress.clone()) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 3;
+            }
+        };
     let progress: Arc<dyn Progress> = match &observer {
         Some(o) => o.clone(),
         None => progress,
     };
-    let mut code = apply_prepared(
-        plan,
-        remotes,
-        opts,
-        endpoints,
-        dns_upstreams,
-        budget,
-        progress,
-        observer.as_deref(),
-    );
-    if let Some(o) = observer {
-        o.end_early(code);
-        let flushed = o.shutdown();
-        if let Some(e) = &flushed.trace_file_error {
-            eprintln!("error: --trace: {e}");
-            if code == 0 {
-                code = 2;
-            }
-        }
-        // One warning per run: a flush cut short after failed exports was already said.
-        if flushed.timed_out && flushed.export_failures == 0 {
-            eprintln!(
-                "voidbox: warning: the telemetry not sent within {}s of the run's end was dropped",
-                crate::observe::config::FLUSH_BUDGET.as_secs()
-            );
-            // A provider whose export is stuck would block its drop (it joins its thread).
-            std::mem::forget(o);
-        }
+    let code = apply_prepared(plan, prepared, opts, budget, progress, observer.as_deref());
+    match observer {
+        Some(o) => crate::observe::close(o, code),
+        None => code,
     }
-    code
 }
 
 /// Everything from the guest image on.
-#[allow(clippy::too_many_arguments)]
 fn apply_prepared(
     plan: Plan,
-    remotes: crate::kit::Remotes,
+    prepared: crate::node::prepare::Prepared,
     opts: &ApplyOptions,
-    endpoints: std::collections::HashMap<String, crate::providers::Endpoint>,
-    dns_upstreams: Vec<std::net::SocketAddr>,
     budget: u64,
     progress: Arc<dyn Progress>,
     observer: Option<&crate::observe::Observer>,
 ) -> u8 {
+    let crate::node::prepare::Prepared {
+        endpoints,
+        remotes,
+        dns_upstreams,
+        ..
+    } = prepared;
     let image = match GuestImage::ensure(ProgressMode::Auto) {
         Ok(i) => i,
         Err(e) => {
@@ -361,10 +210,8 @@ fn apply_prepared(
         }
     };
     if let Some(src) = &opts.spec {
-        let r = image_refusals(&plan, src, &image, opts.snapshots);
-        if !r.is_empty() {
-            eprint!("{}", refusals::render(src, &r));
-            return refusals::EXIT_REFUSED;
+        if let Err(code) = crate::node::prepare::check_image(&plan, src, &image, opts.snapshots) {
+            return code;
         }
     }
     // Every OCI image, kernel and initramfs is fetched and checked before any VM starts.
@@ -491,63 +338,6 @@ fn apply_prepared(
         o.end_run(&plan, &result, code);
     }
     code
-}
-
-/// The refusals that depend on the guest image the nodes boot: `cli:` skills whose program
-/// is not on its `PATH`, and spec-named snapshots that cannot restore their node (checked
-/// only when `snapshots` is on; `--no-snapshot` ignores them).
-pub fn image_refusals(
-    plan: &Plan,
-    src: &refusals::SpecSource,
-    image: &GuestImage,
-    snapshots: bool,
-) -> Vec<refusals::Refusal> {
-    let programs = image
-        .vmlinux
-        .parent()
-        .and_then(crate::image::layout::image_path_programs);
-    let store = snapshots
-        .then(|| crate::snapshot::Store::open(None).ok())
-        .flatten();
-    let check = |n: &crate::plan::PlanNode, value: &str| -> Result<(), String> {
-        let Some(store) = &store else { return Ok(()) };
-        let mut cfg = crate::sandbox::SandboxConfig::new(image.clone());
-        cfg.memory_mb = u32::try_from(n.sandbox.memory_mb).unwrap_or(u32::MAX);
-        cfg.vcpus = u8::try_from(n.sandbox.vcpus).unwrap_or(u8::MAX);
-        cfg.network = n
-            .sandbox
-            .network
-            .clone()
-            .map(|p| crate::network::nat_config(p, &[]));
-        crate::snapshot::explicit(store, value, &plan.spec_dir, &cfg)
-            .map(drop)
-            .map_err(|e| match e {
-                crate::sandbox::SandboxError::Environment(m) => m,
-                e => e.to_string(),
-            })
-    };
-    refusals::check_image(
-        plan,
-        src,
-        &refusals::ImageFacts {
-            path_programs: programs.as_ref(),
-            snapshot: Some(&check),
-        },
-    )
-}
-
-/// The DNS upstreams of `VOIDBOX_DNS_UPSTREAMS` when a node of `plan` has network (an
-/// invalid value is an error before any VM starts; without network it is not read).
-pub fn dns_upstreams(plan: &Plan) -> Result<Vec<std::net::SocketAddr>, String> {
-    if plan
-        .graph
-        .node_weights()
-        .any(|n| n.sandbox.network.is_some())
-    {
-        crate::network::upstreams::from_env()
-    } else {
-        Ok(Vec::new())
-    }
 }
 
 /// Runs the scheduler on a fresh tokio runtime; SIGINT / SIGTERM abort the run.

@@ -225,10 +225,18 @@ pub fn main() -> ExitCode {
         Command::Runtimes(cmd) => crate::runtimes::cli::run_cli(cmd),
         Command::Snapshot(cmd) => crate::snapshot::cli::run_cli(cmd),
         Command::Run(args) => crate::run::run_cmd(&args),
-        Command::Shell(args) => match args.spec.as_deref().map(|f| load_plan(f, 2)).transpose() {
-            Ok(plan) => crate::shell::shell_cmd(&args, plan),
-            Err(code) => code,
-        },
+        Command::Shell(args) => {
+            let spec = args.spec.as_deref().map(|f| {
+                let (plan, text) = load_plan_and_source(f, 2)?;
+                let mut src = spec_source(f, &text)?;
+                src.command = "shell";
+                Ok((plan, src))
+            });
+            match spec.transpose() {
+                Ok(spec) => crate::shell::shell_cmd(&args, spec),
+                Err(code) => code,
+            }
+        }
         Command::Pull(args) => crate::oci::cli::pull_cmd(&args),
         Command::Oci(cmd) => crate::oci::cli::run_cli(cmd),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
@@ -453,7 +461,6 @@ fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
     load_plan_and_source(file, invalid_code).map(|(plan, _)| plan)
 }
 
-/// [`load_plan`], also returning the spec's text.
 /// What `validate`, `graph` and `apply` know of this host: the programs of the guest image
 /// they would boot (bundled beside the executable, else the newest cached one).
 fn host_facts() -> HostFacts<'static> {
@@ -462,6 +469,18 @@ fn host_facts() -> HostFacts<'static> {
     }
 }
 
+/// The spec's text parsed with spans, to refuse fields at their lines.
+fn spec_source(file: &Path, text: &str) -> Result<crate::node::refusals::SpecSource, ExitCode> {
+    crate::node::refusals::SpecSource::parse(file.display().to_string(), text).ok_or_else(|| {
+        eprintln!(
+            "error: {}: the spec changed while it was read",
+            file.display()
+        );
+        ExitCode::from(2)
+    })
+}
+
+/// [`load_plan`], also returning the spec's text.
 fn load_plan_and_source(
     file: &Path,
     invalid_code: u8,
@@ -514,8 +533,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
     )
     .map(std::sync::Arc::new);
     if args.dry_run {
-        let mut plan = plan;
-        return ExitCode::from(dry_run(&mut plan, spec.as_deref(), args));
+        return ExitCode::from(dry_run(&plan, spec.as_deref(), args));
     }
     if plan.mode == SandboxMode::Mock {
         eprintln!(
@@ -553,11 +571,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
 /// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), and a
 /// bad `VOIDBOX_DNS_UPSTREAMS` when a node has network (exit 2), else the plan. Checks that
 /// need the guest image run when it is cached; without it they are named as deferred.
-fn dry_run(
-    plan: &mut Plan,
-    spec: Option<&crate::node::refusals::SpecSource>,
-    args: &ApplyArgs,
-) -> u8 {
+fn dry_run(plan: &Plan, spec: Option<&crate::node::refusals::SpecSource>, args: &ApplyArgs) -> u8 {
     let snapshots = !args.no_snapshot;
     use crate::node::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
@@ -573,47 +587,27 @@ fn dry_run(
         print!("{}", render(plan, plan_format));
         return 0;
     };
-    let mut r = refusals::check_spec(plan, src);
-    if r.is_empty() {
-        // A provider, key or login that cannot work here (as `apply` would refuse it).
-        match crate::node::launch::endpoints(plan, &|k| std::env::var(k).ok()) {
-            Err(f) => r = crate::node::launch::endpoint_refusals(plan, src, f),
-            // A model endpoint that is down (as `apply` would refuse it).
-            Ok(e) if !args.no_endpoint_check => {
-                if let Err(code) = crate::apply::check_endpoints(plan, Some(src), &e) {
-                    return code;
-                }
+    // The same checks as `apply`, printed the same way, with the same exit codes.
+    if let Err(code) = crate::node::prepare::prepare(
+        plan,
+        &crate::node::prepare::Checks {
+            spec: Some(src),
+            purpose: crate::node::prepare::Purpose::Run,
+            endpoint_check: !args.no_endpoint_check,
+            trace_file: None,
+        },
+    ) {
+        return code;
+    }
+    match crate::sandbox::GuestImage::cached() {
+        Ok(Some(image)) => {
+            if let Err(code) = crate::node::prepare::check_image(plan, src, &image, snapshots) {
+                return code;
             }
-            Ok(_) => {}
         }
-    }
-    if r.is_empty() {
-        // `remote:` skills are fetched (and cached) as `apply` would fetch them.
-        if let Err(code) = crate::apply::fetch_remotes(plan, Some(src)).map(drop) {
-            return code;
-        }
-    }
-    if r.is_empty() {
-        match crate::sandbox::GuestImage::cached() {
-            Ok(Some(image)) => r = crate::apply::image_refusals(plan, src, &image, snapshots),
-            _ => eprintln!(
-                "note: no guest image is cached yet, so `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
-            ),
-        }
-    }
-    if !r.is_empty() {
-        eprint!("{}", refusals::render(src, &r));
-        return refusals::EXIT_REFUSED;
-    }
-    if let Err(e) = crate::apply::dns_upstreams(plan) {
-        eprintln!("error: {e}");
-        return 2;
-    }
-    if let Err(e) =
-        crate::observe::config::resolve(plan.observe.as_ref(), &|k| std::env::var(k).ok(), None)
-    {
-        eprintln!("error: {e}");
-        return 2;
+        _ => eprintln!(
+            "note: no guest image is cached yet, so `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
+        ),
     }
     print!("{}", render(plan, plan_format));
     0

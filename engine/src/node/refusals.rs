@@ -21,6 +21,16 @@ pub const EXIT_REFUSED: u8 = 3;
 /// Guest directories the file RPCs can read and write (artifact paths must be inside).
 pub const ARTIFACT_ROOTS: [&str; 2] = ["/workspace", "/home"];
 
+/// What the nodes are checked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// `apply` (and `--dry-run`): every node runs to completion.
+    Run,
+    /// `shell`: the node opens an interactive terminal, so an agent's
+    /// `mode: interactive` is what is asked for, not refused.
+    Shell,
+}
+
 /// One field `apply` cannot carry out, located in the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -41,6 +51,8 @@ pub struct Refusal {
 pub struct SpecSource {
     /// The spec file as given on the command line.
     pub path: String,
+    /// The command that refuses it (`apply`, `shell`), as the summary line names it.
+    pub command: &'static str,
     text: String,
     root: Node,
 }
@@ -52,6 +64,7 @@ impl SpecSource {
         let root = yaml::parse(&text).ok()?;
         Some(SpecSource {
             path: path.into(),
+            command: "apply",
             text,
             root,
         })
@@ -259,7 +272,7 @@ impl Collector {
 }
 
 /// Every field of the spec `apply` cannot carry out (independent of the guest image).
-pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
+pub fn check_spec(plan: &Plan, src: &SpecSource, purpose: Purpose) -> Vec<Refusal> {
     let mut c = Collector::default();
     let root = &src.root;
     let whole = Located { src, own: None };
@@ -288,7 +301,7 @@ pub fn check_spec(plan: &Plan, src: &SpecSource) -> Vec<Refusal> {
     for n in plan.graph.node_weights() {
         let at = Located::of(src, plan.kind, &n.name);
         sandbox_refusals(&at, n, &mut c);
-        node_refusals(&at, plan.kind, n, &mut c);
+        node_refusals(&at, plan.kind, n, purpose, &mut c);
     }
     c.finish(plan)
 }
@@ -358,7 +371,7 @@ fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
     }
 }
 
-fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) {
+fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, purpose: Purpose, c: &mut Collector) {
     if kind == Kind::Workflow {
         if let Some((field, v, span)) = at.own_field("mode") {
             if v.as_str() == Some("service") {
@@ -403,7 +416,12 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, c: &mut Collector) 
     };
     if kind == Kind::Agent {
         if let Some((field, v, span)) = at.own_field("mode") {
-            if let Some(mode @ ("service" | "interactive")) = v.as_str() {
+            let refused = match (v.as_str(), purpose) {
+                (Some("interactive"), Purpose::Shell) => None,
+                (Some(mode @ ("service" | "interactive")), _) => Some(mode),
+                _ => None,
+            };
+            if let Some(mode) = refused {
                 c.add(
                     at.at(
                         field,
@@ -525,7 +543,8 @@ pub fn render(src: &SpecSource, refusals: &[Refusal]) -> String {
     let n = refusals.len();
     let _ = writeln!(
         s,
-        "error: `apply` refuses {} (field{} above); nothing was started",
+        "error: `{}` refuses {} (field{} above); nothing was started",
+        src.command,
         src.path,
         if n == 1 { "" } else { "s" }
     );
@@ -545,7 +564,7 @@ mod tests {
             .unwrap_or_else(|| panic!("invalid: {:?}", v.report.diagnostics));
         let plan = Plan::compile(&spec, Path::new("/")).expect("plan");
         let src = SpecSource::parse("t.yaml", text).expect("parse");
-        check_spec(&plan, &src)
+        check_spec(&plan, &src, Purpose::Run)
     }
 
     fn sandbox(sb: &str) -> Vec<Refusal> {

@@ -87,6 +87,17 @@ impl Observer {
         plan: &Plan,
         inner: Arc<dyn Progress>,
     ) -> Result<Option<Arc<Observer>>, String> {
+        Observer::start_for("apply", settings, plan, inner)
+    }
+
+    /// [`Observer::start`] for another command than `apply` (the run's span is named
+    /// `voidbox COMMAND NAME`).
+    pub fn start_for(
+        command: &str,
+        settings: Settings,
+        plan: &Plan,
+        inner: Arc<dyn Progress>,
+    ) -> Result<Option<Arc<Observer>>, String> {
         if settings.is_off() {
             return Ok(None);
         }
@@ -167,7 +178,7 @@ impl Observer {
             stage_of,
             settings,
         };
-        obs.open_run(plan);
+        obs.open_run(command, plan);
         Ok(Some(Arc::new(obs)))
     }
 
@@ -201,7 +212,7 @@ impl Observer {
         Some(parent.with_span(span))
     }
 
-    fn open_run(&self, plan: &Plan) {
+    fn open_run(&self, command: &str, plan: &Plan) {
         let parent = self.caller_context();
         let now = SystemTime::now();
         let attrs = vec![
@@ -214,8 +225,12 @@ impl Observer {
             KeyValue::new("voidbox.stages", self.stages.len() as i64),
             KeyValue::new(spans::OI_KIND, "CHAIN"),
         ];
-        let Some(run) = self.span(&parent, format!("voidbox apply {}", plan.name), now, attrs)
-        else {
+        let Some(run) = self.span(
+            &parent,
+            format!("voidbox {command} {}", plan.name),
+            now,
+            attrs,
+        ) else {
             return;
         };
         let prepare = self.span(&run, "prepare".into(), now, Vec::new());
@@ -742,4 +757,29 @@ fn write_atomic(path: &std::path::Path, data: &[u8]) -> Result<(), String> {
     tmp.persist(path)
         .map(drop)
         .map_err(|e| format!("writing {}: {}", path.display(), e.error))
+}
+
+/// Ends a run's telemetry after its exit `code` is known: the run's span (if the run
+/// stopped before its nodes ran), the final flush and `--trace FILE`. Returns the exit code,
+/// 2 instead of 0 when `--trace` could not be written. Says once when telemetry was dropped.
+pub fn close(o: Arc<Observer>, code: u8) -> u8 {
+    let mut code = code;
+    o.end_early(code);
+    let flushed = o.shutdown();
+    if let Some(e) = &flushed.trace_file_error {
+        eprintln!("error: --trace: {e}");
+        if code == 0 {
+            code = 2;
+        }
+    }
+    // One warning per run: a flush cut short after failed exports was already said.
+    if flushed.timed_out && flushed.export_failures == 0 {
+        eprintln!(
+            "voidbox: warning: the telemetry not sent within {}s of the run's end was dropped",
+            config::FLUSH_BUDGET.as_secs()
+        );
+        // A provider whose export is stuck would block its drop (it joins its thread).
+        std::mem::forget(o);
+    }
+    code
 }

@@ -27,7 +27,7 @@ pub struct Agent {
     pub action: AgentAction,
     /// Its resolved model endpoint (a real runtime).
     pub endpoint: Endpoint,
-    /// Its `remote:` skills, once fetched ([`crate::apply::fetch_remotes`]).
+    /// Its `remote:` skills, once fetched ([`crate::node::prepare::fetch_remotes`]).
     pub remotes: crate::kit::Remotes,
 }
 

@@ -26,6 +26,7 @@
 pub mod agent;
 pub mod session;
 pub mod terminal;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ use voidbox_protocol::{ErrorCode, PtyOpen};
 
 use crate::limits::Timeout;
 use crate::mount_flag::{self as mounts, HostMount};
+use crate::node::prepare::{Checks, Purpose};
+use crate::node::refusals::SpecSource;
 use crate::output::ProgressMode;
 use crate::plan::{Action, Plan, PlanNode};
 use crate::run::{guest_image, parse_env, start_vm};
@@ -76,7 +79,7 @@ pub struct ShellArgs {
     #[arg(long = "mount", value_name = "HOST:GUEST[:ro|rw]")]
     pub mounts: Vec<String>,
     /// End the session (its whole process group) after this many seconds (1..=86400;
-    /// default 86400).
+    /// default: the spec's `timeout_secs`, else 86400).
     #[arg(long, value_name = "SECS", value_parser = crate::limits::timeout_arg())]
     pub timeout: Option<u64>,
     /// Seconds to wait for the guest agent to come up.
@@ -88,12 +91,21 @@ pub struct ShellArgs {
     /// Network device and policy (replaces the spec's `network`).
     #[command(flatten)]
     pub network: crate::network::flags::NetworkArgs,
+    /// Do not connect to an agent's model endpoint before the VM starts.
+    #[arg(long)]
+    pub no_endpoint_check: bool,
 }
 
-/// Runs `voidbox shell`; `plan` is SPEC compiled (by the CLI), if one was given.
-pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
-    let setup = match Setup::new(args, plan.as_ref()) {
-        Ok(s) => s,
+/// Runs `voidbox shell`; `spec` is SPEC compiled (by the CLI) with its text, if one was
+/// given.
+pub fn shell_cmd(args: &ShellArgs, spec: Option<(Plan, SpecSource)>) -> ExitCode {
+    let (plan, src) = match spec {
+        Some((p, s)) => (Some(p), Some(s)),
+        None => (None, None),
+    };
+    // What the spec opens (exit 2 for a spec that is not for a shell) comes first.
+    let node = match plan.as_ref().map(interactive_node).transpose() {
+        Ok(n) => n,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
@@ -102,7 +114,7 @@ pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
     let agent = match &plan {
         Some(p) => agent::Agent::of(
             p,
-            setup.node.as_ref(),
+            node.as_ref(),
             args.program.is_some() || !args.args.is_empty(),
             &|k| std::env::var(k).ok(),
         ),
@@ -115,20 +127,59 @@ pub fn shell_cmd(args: &ShellArgs, plan: Option<Plan>) -> ExitCode {
             return ExitCode::from(f.code);
         }
     };
-    if let (Some(a), Some(p)) = (agent.as_mut(), plan.as_ref()) {
-        // The kit's `remote:` skills, fetched into the cache (exit 3 when one cannot be).
-        match crate::apply::fetch_remotes(p, None) {
-            Ok(r) => a.remotes = r,
-            Err(code) => return ExitCode::from(code),
+    // What `apply` refuses is refused here too (an agent's `mode: interactive` is what a
+    // shell is for), at its line; the endpoint is reached and `remote:` skills fetched.
+    let prepared = match (&plan, &src) {
+        (Some(p), Some(src)) => {
+            let checks = Checks {
+                spec: Some(src),
+                purpose: Purpose::Shell,
+                endpoint_check: !args.no_endpoint_check,
+                trace_file: None,
+            };
+            match crate::node::prepare::prepare(p, &checks) {
+                Ok(prepared) => Some(prepared),
+                Err(code) => return ExitCode::from(code),
+            }
         }
+        _ => None,
+    };
+    // The flags and the spec's settings together (mount directories are created here).
+    let setup = match Setup::new(args, plan.as_ref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut prepared = prepared;
+    if let (Some(a), Some(pr)) = (agent.as_mut(), prepared.as_mut()) {
+        a.remotes = std::mem::take(&mut pr.remotes);
     }
-    match run(args, setup, plan.as_ref(), agent) {
-        Ok(code) => ExitCode::from(code),
+    let trace = match (&plan, &setup.node, prepared) {
+        (Some(p), Some(node), Some(pr)) => match trace::SessionTrace::start(pr.observe, p, node) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(3);
+            }
+        },
+        _ => None,
+    };
+    let spec = plan.as_ref().zip(src.as_ref());
+    let (code, error) = match run(args, setup, spec, agent) {
+        Ok(code) => (code, None),
+        Err(f) if f.message.is_empty() => (f.code, None),
         Err(f) => {
             eprintln!("error: {}", f.message);
-            ExitCode::from(f.code)
+            (f.code, Some(f.message))
         }
-    }
+    };
+    let code = match (trace, &plan) {
+        (Some(t), Some(p)) => t.end(p, code, error),
+        _ => code,
+    };
+    ExitCode::from(code)
 }
 
 /// Why `voidbox shell` stopped outside a session, with its exit code.
@@ -175,6 +226,7 @@ struct Setup {
 impl Setup {
     fn new(args: &ShellArgs, plan: Option<&Plan>) -> Result<Setup, String> {
         let node = plan.map(interactive_node).transpose()?;
+        let node_timeout = node.as_ref().and_then(|n| n.timeout_secs);
         let sandbox = node.as_ref().map(|n| &n.sandbox);
         let mut env: Vec<(String, String)> = Vec::new();
         for (k, v) in sandbox.map(|s| &s.env).into_iter().flatten() {
@@ -213,10 +265,23 @@ impl Setup {
             env,
             mounts: all,
             network,
-            timeout: Timeout::flag(Some(
-                args.timeout.unwrap_or(crate::limits::MAX_TIMEOUT_SECS),
-            )),
+            timeout: session_timeout(
+                args.timeout,
+                node_timeout,
+                plan.and_then(|p| p.timeout_secs),
+            ),
         })
+    }
+}
+
+/// The session's time limit: `--timeout`, else the node's `timeout_secs`, else the spec's
+/// run `timeout_secs`, else the longest a session may last.
+fn session_timeout(flag: Option<u64>, node: Option<u64>, run: Option<u64>) -> Timeout {
+    match (flag, node, run) {
+        (Some(secs), _, _) => Timeout::flag(Some(secs)),
+        (None, Some(secs), _) => Timeout::node(Some(secs)),
+        (None, None, Some(secs)) => Timeout::pipeline(secs),
+        (None, None, None) => Timeout::flag(Some(crate::limits::MAX_TIMEOUT_SECS)),
     }
 }
 
@@ -336,11 +401,22 @@ fn vm_config(
 fn run(
     args: &ShellArgs,
     setup: Setup,
-    plan: Option<&Plan>,
+    spec: Option<(&Plan, &SpecSource)>,
     agent: Option<agent::Agent>,
 ) -> Result<u8, Failure> {
     check_kvm()?;
     let base = guest_image()?;
+    let plan = spec.map(|(p, _)| p);
+    if let Some((p, src)) = spec {
+        // `cli:` programs and a spec-named snapshot, against the image that boots.
+        if let Err(code) = crate::node::prepare::check_image(p, src, &base, !args.no_snapshot) {
+            // The refusals are printed at their lines already.
+            return Err(Failure {
+                code,
+                message: String::new(),
+            });
+        }
+    }
     // An agent's host side first: runtimes disk, gateway, kit (nothing in a VM yet).
     let session = match (&agent, plan, &setup.node) {
         (Some(a), Some(plan), Some(node)) => {
