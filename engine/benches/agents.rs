@@ -118,7 +118,7 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
     });
     let mut node_vms = std::collections::HashMap::new();
     for n in plan.graph.node_weights() {
-        let mut vm = voidbox::node::images::NodeVm::default();
+        let mut vm = voidbox::node::oci_images::NodeVm::default();
         vm.disks.images.push(disk.clone());
         node_vms.insert(n.name.clone(), vm);
     }

@@ -148,10 +148,10 @@ fn main() {
     let image = GuestImage::ensure(ProgressMode::Plain).unwrap_or_else(|e| panic!("{e}"));
     let mut cfg = self_vmm_config(image.clone(), 256, Duration::from_secs(300));
     cfg.network = Some(voidbox_net::NatConfig {
-        policy: voidbox_net::Policy {
+        policy: voidbox_net::NetworkPolicy {
             allow_host_ports: vec![port],
             connections_per_second: 10_000,
-            ..voidbox_net::Policy::default()
+            ..voidbox_net::NetworkPolicy::default()
         },
         // No DNS in this workload; a closed local port keeps the NAT off the host's resolver.
         dns_upstreams: vec!["127.0.0.1:9".parse().unwrap_or_else(|e| panic!("{e}"))],

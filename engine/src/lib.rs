@@ -109,7 +109,7 @@ mod tests {
             "x".repeat(300),
         ];
         for r in &refs {
-            let spec = crate::validate::images::reference_problem(r);
+            let spec = crate::validate::image_refs::reference_problem(r);
             let oci = match voidbox_oci::ImageRef::parse(r) {
                 Ok(_) => None,
                 Err(voidbox_oci::OciError::InvalidReference { reason, .. }) => Some(reason),

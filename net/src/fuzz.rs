@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{Nat, NatConfig, NatStats, Policy, MTU};
+use crate::{Nat, NatConfig, NatStats, NetworkPolicy, MTU};
 
 /// What a run did.
 #[derive(Debug, Clone)]
@@ -29,13 +29,13 @@ pub struct FuzzReport {
 /// The NAT config of fuzz runs.
 pub fn fuzz_config() -> NatConfig {
     NatConfig {
-        policy: Policy {
+        policy: NetworkPolicy {
             allow_host_ports: vec![9],
             deny: vec![
                 ipnet::IpNet::V4(ipnet::Ipv4Net::default()),
                 ipnet::IpNet::V6(ipnet::Ipv6Net::default()),
             ],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         dns_upstreams: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 9))],
         guest_mac: crate::DEFAULT_GUEST_MAC,

@@ -3,7 +3,7 @@
 //! The VMM's virtio-net device hands every Ethernet frame the guest sends to [`Nat::from_guest`]
 //! and delivers what [`Nat::to_guest`] returns; the NAT terminates the guest's TCP with
 //! `smoltcp`, relays to host sockets, forwards UDP and ICMP echo, answers DNS at [`DNS_IP`] via
-//! the host's (or a configured) resolver, and enforces a [`Policy`] written in the spec.
+//! the host's (or a configured) resolver, and enforces a [`NetworkPolicy`] written in the spec.
 //! Each VM has its own `Nat`; nothing is shared between VMs.
 //!
 //! # Addressing
@@ -11,7 +11,7 @@
 //! Guest [`GUEST_IP`]/[`PREFIX_LEN`] (MAC [`NatConfig::guest_mac`]), gateway [`GATEWAY_IP`] and
 //! DNS server [`DNS_IP`], both on [`GATEWAY_MAC`]. The NAT answers ARP for those two addresses
 //! only, and ICMP echo to them. `GATEWAY_IP:PORT` reaches host `127.0.0.1:PORT`, for
-//! [`Policy::allow_host_ports`] only. Every other destination is reached through a host socket
+//! [`NetworkPolicy::allow_host_ports`] only. Every other destination is reached through a host socket
 //! from the VMM process (the guest's TCP is terminated in the NAT and relayed). IPv4 only;
 //! IP fragments are dropped. Every checksum of a guest frame is verified, so frames must
 //! arrive complete: the VMM's virtio-net device completes the checksums the guest offloads
@@ -22,22 +22,22 @@
 //!
 //! For every new guest→outside flow (TCP connection, UDP flow, ICMP echo), the first match wins:
 //!
-//! 1. destination [`GATEWAY_IP`]: allowed only for a port in [`Policy::allow_host_ports`]
+//! 1. destination [`GATEWAY_IP`]: allowed only for a port in [`NetworkPolicy::allow_host_ports`]
 //!    (ICMP echo to it is answered by the NAT itself);
 //! 2. destination [`DNS_IP`]: only port 53 (UDP and TCP), answered by the DNS proxy;
-//! 3. [`Policy::public_egress`] off: denied ([`reasons::NO_EGRESS`]); only steps 1–2 remain;
+//! 3. [`NetworkPolicy::public_egress`] off: denied ([`reasons::NO_EGRESS`]); only steps 1–2 remain;
 //! 4. anything else in 10.0.2.0/24: denied;
-//! 5. a [`Policy::deny`] match: denied;
-//! 6. a default-deny range not in [`Policy::allow`]: denied. IPv4: 0/8 and 240/4 and
+//! 5. a [`NetworkPolicy::deny`] match: denied;
+//! 6. a default-deny range not in [`NetworkPolicy::allow`]: denied. IPv4: 0/8 and 240/4 and
 //!    255.255.255.255 (reserved), 127/8 (loopback), 10/8, 172.16/12, 192.168/16 (private),
 //!    169.254/16 (link-local, with the metadata address 169.254.169.254), 100.64/10 (CGNAT),
 //!    224/4 (multicast). IPv6 (DNS answers only): `::`, `::1`, fc00::/7, fe80::/10, ff00::/8,
 //!    IPv4-mapped `::ffff:0:0/96`;
-//! 7. [`Policy::allow_domains`] non-empty and the address was not returned by this NAT's
+//! 7. [`NetworkPolicy::allow_domains`] non-empty and the address was not returned by this NAT's
 //!    resolver for an allowed name (directly or through a CNAME chain) during this VM's life:
 //!    denied (`allow` does not bypass this);
-//! 8. [`Policy::max_connections`] concurrent TCP connections + UDP flows + ICMP echo flows, or
-//!    [`Policy::connections_per_second`] (token bucket, burst of the same) exceeded: denied;
+//! 8. [`NetworkPolicy::max_connections`] concurrent TCP connections + UDP flows + ICMP echo flows, or
+//!    [`NetworkPolicy::connections_per_second`] (token bucket, burst of the same) exceeded: denied;
 //! 9. otherwise allowed.
 //!
 //! A denied TCP connection gets an immediate RST, a denied UDP datagram or ICMP echo an ICMP
@@ -145,15 +145,15 @@ pub const DEFAULT_GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 /// virtio-net device offers it as `VIRTIO_NET_F_MTU` and Linux sets it on the interface.
 /// The largest value an IPv4 `total_len` and a 4-byte-aligned Linux MTU allow.
 pub const MTU: usize = 65520;
-/// Default of [`Policy::max_connections`].
+/// Default of [`NetworkPolicy::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
-/// Default of [`Policy::connections_per_second`].
+/// Default of [`NetworkPolicy::connections_per_second`].
 pub const DEFAULT_CONNECTIONS_PER_SECOND: u32 = 100;
 
 /// Network policy of one VM, as written in the spec (`sandbox.network` mapping form).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Policy {
+pub struct NetworkPolicy {
     /// Host loopback ports the guest may reach at `GATEWAY_IP:PORT` (nothing else on the host).
     #[serde(default)]
     pub allow_host_ports: Vec<u16>,
@@ -191,9 +191,9 @@ fn default_public_egress() -> bool {
     true
 }
 
-impl Default for Policy {
+impl Default for NetworkPolicy {
     fn default() -> Self {
-        Policy {
+        NetworkPolicy {
             allow_host_ports: Vec::new(),
             allow_domains: Vec::new(),
             allow: Vec::new(),
@@ -211,7 +211,7 @@ impl Default for Policy {
 pub struct NatConfig {
     /// The policy.
     #[serde(default)]
-    pub policy: Policy,
+    pub policy: NetworkPolicy,
     /// DNS upstreams; empty means the `nameserver` lines of the host's `/etc/resolv.conf`.
     #[serde(default)]
     pub dns_upstreams: Vec<SocketAddr>,

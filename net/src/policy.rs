@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
-use crate::{Policy, Protocol, DNS_IP, GATEWAY_IP, MAX_PINNED};
+use crate::{NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP, MAX_PINNED};
 
 /// The reasons in [`crate::Denial::reason`] (short fixed strings).
 pub mod reasons {
@@ -86,7 +86,7 @@ pub(crate) struct PolicyState {
 }
 
 impl PolicyState {
-    pub(crate) fn new(policy: &Policy) -> PolicyState {
+    pub(crate) fn new(policy: &NetworkPolicy) -> PolicyState {
         let domains = policy
             .allow_domains
             .iter()
@@ -334,15 +334,15 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn state(policy: Policy) -> PolicyState {
+    fn state(policy: NetworkPolicy) -> PolicyState {
         PolicyState::new(&policy)
     }
 
     #[test]
     fn order_gateway_dns_guest_net() {
-        let p = state(Policy {
+        let p = state(NetworkPolicy {
             allow_host_ports: vec![8080],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         });
         assert_eq!(
             p.route(GATEWAY_IP, 8080, Protocol::Tcp),
@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn default_denies_and_allow_exceptions() {
-        let p = state(Policy::default());
+        let p = state(NetworkPolicy::default());
         for (ip, reason) in [
             ("127.0.0.1", reasons::LOOPBACK),
             ("10.1.2.3", reasons::PRIVATE_RANGE),
@@ -403,13 +403,13 @@ mod tests {
         assert!(!p.address_denied("1.1.1.1".parse().unwrap()));
         assert!(!p.address_denied("172.32.0.1".parse().unwrap()));
 
-        let p = state(Policy {
+        let p = state(NetworkPolicy {
             allow: vec!["10.9.0.0/16".parse().unwrap()],
             deny: vec![
                 "10.9.9.0/24".parse().unwrap(),
                 "8.8.8.8/32".parse().unwrap(),
             ],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         });
         assert!(p
             .route(Ipv4Addr::new(10, 9, 1, 1), 80, Protocol::Tcp)
@@ -428,10 +428,10 @@ mod tests {
 
     #[test]
     fn domains_and_pinning() {
-        let mut p = state(Policy {
+        let mut p = state(NetworkPolicy {
             allow_domains: vec!["API.GitHub.com.".into(), "*.example.com".into()],
             allow: vec!["127.0.0.0/8".parse().unwrap()],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         });
         assert!(p.domain_allowed("api.github.com"));
         assert!(!p.domain_allowed("github.com"));
@@ -456,11 +456,11 @@ mod tests {
 
     #[test]
     fn no_public_egress_leaves_only_gateway_ports_and_dns() {
-        let p = state(Policy {
+        let p = state(NetworkPolicy {
             allow_host_ports: vec![41000],
             allow: vec!["0.0.0.0/0".parse().unwrap()],
             public_egress: false,
-            ..Policy::default()
+            ..NetworkPolicy::default()
         });
         assert!(!p.public_egress());
         assert_eq!(
@@ -485,15 +485,15 @@ mod tests {
                 "{ip}:{port} ({proto:?}), even with `allow: 0.0.0.0/0`"
             );
         }
-        assert!(state(Policy::default()).public_egress());
+        assert!(state(NetworkPolicy::default()).public_egress());
     }
 
     #[test]
     fn caps_and_token_bucket() {
-        let mut p = state(Policy {
+        let mut p = state(NetworkPolicy {
             max_connections: 3,
             connections_per_second: 2,
-            ..Policy::default()
+            ..NetworkPolicy::default()
         });
         let t0 = Instant::now();
         assert_eq!(p.admit(3, t0), Err(reasons::MAX_CONNECTIONS));

@@ -13,7 +13,7 @@ use hickory_proto::rr::{RData, RecordType};
 use smoltcp::socket::tcp::State;
 use smoltcp::wire::TcpControl;
 use voidbox_net::testing::{query_message, Dnsmasq};
-use voidbox_net::{reasons, Nat, Policy, Protocol, DNS_IP, GATEWAY_IP};
+use voidbox_net::{reasons, Nat, NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -53,10 +53,10 @@ fn forwards_and_filters_answers_in_denied_ranges() {
         ("blocked.test", ip("203.0.113.9")),
     ])
     .unwrap();
-    let policy = Policy {
+    let policy = NetworkPolicy {
         allow: vec!["192.168.7.0/24".parse().unwrap()],
         deny: vec!["203.0.113.0/24".parse().unwrap()],
-        ..Policy::default()
+        ..NetworkPolicy::default()
     };
     let mut nat = nat(policy, Some(dns.addr()));
     let m = ask(&mut nat, 5300, 0x1234, "public.test", RecordType::A);
@@ -120,10 +120,10 @@ fn allow_domains_answers_nxdomain_and_pins_addresses() {
         ],
     )
     .unwrap();
-    let policy = Policy {
+    let policy = NetworkPolicy {
         allow_domains: vec!["allowed.test".into(), "alias.test".into()],
         allow: vec!["127.0.0.0/8".parse().unwrap()],
-        ..Policy::default()
+        ..NetworkPolicy::default()
     };
     let mut nat = nat(policy, Some(dns.addr()));
     let now = Instant::now();
@@ -192,7 +192,7 @@ fn allow_domains_answers_nxdomain_and_pins_addresses() {
 #[test]
 fn dns_over_tcp() {
     let dns = Dnsmasq::start(&[("tcp.test", ip("93.184.216.35"))]).unwrap();
-    let mut h = Harness::new(nat(Policy::default(), Some(dns.addr())));
+    let mut h = Harness::new(nat(NetworkPolicy::default(), Some(dns.addr())));
     let c = h.connect(DNS_IP, 53, 8192);
     h.run_until(WAIT, |h| h.state(c) == State::Established);
     let mut req = Vec::new();
@@ -247,7 +247,7 @@ fn upstream_failure_gives_servfail_after_next_upstream() {
         .local_addr()
         .unwrap();
     let mut nat = Nat::new(voidbox_net::NatConfig {
-        policy: Policy::default(),
+        policy: NetworkPolicy::default(),
         dns_upstreams: vec![silent.local_addr().unwrap(), closed],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
     })
@@ -284,7 +284,7 @@ fn upstream_failure_gives_servfail_after_next_upstream() {
 #[test]
 fn malformed_queries_get_formerr_or_nothing() {
     let dns = Dnsmasq::start(&[]).unwrap();
-    let mut nat = nat(Policy::default(), Some(dns.addr()));
+    let mut nat = nat(NetworkPolicy::default(), Some(dns.addr()));
     // A header with garbage after it: FORMERR with the same id.
     let mut junk = vec![0xab, 0xcd, 0x01, 0x00, 0x00, 0x05];
     junk.extend_from_slice(&[0xff; 20]);

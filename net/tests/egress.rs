@@ -14,17 +14,17 @@ use hickory_proto::rr::RecordType;
 use smoltcp::socket::tcp::State;
 use smoltcp::wire::TcpControl;
 use voidbox_net::testing::{query_message, Dnsmasq};
-use voidbox_net::{reasons, Policy, Protocol, DNS_IP, GATEWAY_IP};
+use voidbox_net::{reasons, NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP};
 
 const WAIT: Duration = Duration::from_secs(5);
 
-fn no_egress(port: u16) -> Policy {
-    Policy {
+fn no_egress(port: u16) -> NetworkPolicy {
+    NetworkPolicy {
         allow_host_ports: vec![port],
         // `allow` does not reopen anything once public egress is off.
         allow: vec!["0.0.0.0/0".parse().unwrap()],
         public_egress: false,
-        ..Policy::default()
+        ..NetworkPolicy::default()
     }
 }
 

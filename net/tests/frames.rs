@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use smoltcp::wire::TcpControl;
 use voidbox_net::{
-    reasons, Policy, Protocol, DNS_IP, GATEWAY_IP, GATEWAY_MAC, TO_GUEST_QUEUE,
+    reasons, NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP, GATEWAY_MAC, TO_GUEST_QUEUE,
     TO_GUEST_QUEUE_BYTES,
 };
 
@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(5);
 
 #[test]
 fn arp_answers_gateway_and_dns_only() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     for ip in [GATEWAY_IP, DNS_IP] {
         nat.from_guest(&arp_request(ip), now);
@@ -44,7 +44,7 @@ fn arp_answers_gateway_and_dns_only() {
 
 #[test]
 fn icmp_echo_to_gateway_and_dns_is_answered_locally() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     nat.from_guest(&arp_request(GATEWAY_IP), now);
     drain(&mut nat);
@@ -65,7 +65,7 @@ fn icmp_echo_to_gateway_and_dns_is_answered_locally() {
 
 #[test]
 fn icmp_echo_denied_gets_admin_prohibited_at_once() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     let private = Ipv4Addr::new(10, 1, 1, 1);
     nat.from_guest(&icmp_echo(private, 9, 1, b"x"), now);
@@ -89,9 +89,9 @@ fn icmp_echo_denied_gets_admin_prohibited_at_once() {
 /// immediate ICMP error; never silence.
 #[test]
 fn icmp_echo_outside_uses_ping_socket_or_is_refused() {
-    let policy = Policy {
+    let policy = NetworkPolicy {
         allow: vec!["127.0.0.0/8".parse().unwrap()],
-        ..Policy::default()
+        ..NetworkPolicy::default()
     };
     let mut nat = nat(policy, None);
     nat.from_guest(
@@ -138,10 +138,10 @@ fn expect_rst(nat: &mut voidbox_net::Nat, dst: Ipv4Addr, sport: u16) {
 
 #[test]
 fn denied_tcp_gets_rst_immediately_and_is_counted() {
-    let policy = Policy {
+    let policy = NetworkPolicy {
         allow_host_ports: vec![1],
         deny: vec!["198.51.100.0/24".parse().unwrap()],
-        ..Policy::default()
+        ..NetworkPolicy::default()
     };
     let mut nat = nat(policy, None);
     let now = Instant::now();
@@ -188,9 +188,9 @@ fn connection_refused_gets_rst() {
         l.local_addr().unwrap().port()
     };
     let mut nat = nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         None,
     );
@@ -211,11 +211,11 @@ fn connection_refused_gets_rst() {
 
 /// SYNs to a listening allowed port: the first ones get SYN-ACKs once the host accepted, the
 /// one over the cap an immediate RST.
-fn syn_burst(policy: Policy, n: u16) -> (Vec<u16>, Vec<u16>, voidbox_net::Nat, TcpListener) {
+fn syn_burst(policy: NetworkPolicy, n: u16) -> (Vec<u16>, Vec<u16>, voidbox_net::Nat, TcpListener) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut nat = nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
             ..policy
         },
@@ -250,9 +250,9 @@ fn syn_burst(policy: Policy, n: u16) -> (Vec<u16>, Vec<u16>, voidbox_net::Nat, T
 #[test]
 fn max_connections_caps_concurrent_flows() {
     let (synack, rst, nat, _l) = syn_burst(
-        Policy {
+        NetworkPolicy {
             max_connections: 2,
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         3,
     );
@@ -267,10 +267,10 @@ fn max_connections_caps_concurrent_flows() {
 #[test]
 fn connections_per_second_rate_limit() {
     let (mut synack, mut rst, mut nat, _l) = syn_burst(
-        Policy {
+        NetworkPolicy {
             connections_per_second: 3,
             max_connections: 100,
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         5,
     );
@@ -312,9 +312,9 @@ fn udp_round_trip_and_denial() {
         host.send_to(&reply, from).unwrap();
     });
     let mut nat = nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         None,
     );
@@ -364,9 +364,9 @@ fn udp_port_unreachable_from_host_reaches_guest() {
         s.local_addr().unwrap().port()
     };
     let mut nat = nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         None,
     );
@@ -380,7 +380,7 @@ fn udp_port_unreachable_from_host_reaches_guest() {
 
 #[test]
 fn malformed_frames_are_counted_never_panic() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     let good = tcp_syn(GATEWAY_IP, 1234, 22);
     let mut bad: Vec<Vec<u8>> = vec![
@@ -443,7 +443,7 @@ fn malformed_frames_are_counted_never_panic() {
 
 #[test]
 fn queue_to_guest_is_bounded() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     for _ in 0..(TO_GUEST_QUEUE + 100) {
         nat.from_guest(&arp_request(GATEWAY_IP), now);
@@ -459,7 +459,7 @@ fn queue_to_guest_is_bounded() {
 /// Frames of up to the MTU: the queue toward the guest is bounded in bytes as well.
 #[test]
 fn queue_to_guest_is_bounded_in_bytes() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     nat.from_guest(&arp_request(GATEWAY_IP), now);
     drain(&mut nat);
@@ -498,7 +498,7 @@ fn queue_to_guest_is_bounded_in_bytes() {
 
 #[test]
 fn poll_timeout_and_fds_when_idle() {
-    let mut nat = nat(Policy::default(), None);
+    let mut nat = nat(NetworkPolicy::default(), None);
     let now = Instant::now();
     nat.poll(now);
     assert_eq!(nat.poll_timeout(now), None, "nothing to wait for");
@@ -510,7 +510,7 @@ fn poll_timeout_and_fds_when_idle() {
 #[test]
 fn new_reads_resolv_conf_when_no_upstream() {
     let config = voidbox_net::NatConfig {
-        policy: Policy::default(),
+        policy: NetworkPolicy::default(),
         dns_upstreams: vec![],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
     };
@@ -547,9 +547,9 @@ fn stuck_listener() -> (socket2::Socket, u16, Vec<std::net::TcpStream>) {
 fn pending_connect_holds_syn_then_times_out() {
     let (_l, port, _fill) = stuck_listener();
     let mut nat = nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         None,
     );

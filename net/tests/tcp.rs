@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use smoltcp::socket::tcp::State;
-use voidbox_net::{Policy, GATEWAY_IP, TCP_BUFFER, TO_GUEST_QUEUE};
+use voidbox_net::{NetworkPolicy, GATEWAY_IP, TCP_BUFFER, TO_GUEST_QUEUE};
 
 const WAIT: Duration = Duration::from_secs(10);
 const MIB: usize = 1024 * 1024;
@@ -25,9 +25,9 @@ fn host_listener() -> (TcpListener, u16) {
 
 fn harness(port: u16) -> Harness {
     Harness::new(nat(
-        Policy {
+        NetworkPolicy {
             allow_host_ports: vec![port],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         None,
     ))

@@ -209,7 +209,7 @@ pub enum Network {
     /// `true`: a network device with the default policy; `false`: no network device.
     Enabled(bool),
     /// A network device with this policy.
-    Policy(NetworkPolicy),
+    NetworkPolicy(NetworkPolicy),
 }
 
 impl Default for Network {
@@ -220,11 +220,11 @@ impl Default for Network {
 
 impl Network {
     /// The NAT policy of a VM with this setting; `None`: no network device.
-    pub fn policy(&self) -> Option<voidbox_net::Policy> {
+    pub fn policy(&self) -> Option<voidbox_net::NetworkPolicy> {
         match self {
             Network::Enabled(false) => None,
-            Network::Enabled(true) => Some(voidbox_net::Policy::default()),
-            Network::Policy(p) => Some(p.to_policy()),
+            Network::Enabled(true) => Some(voidbox_net::NetworkPolicy::default()),
+            Network::NetworkPolicy(p) => Some(p.to_policy()),
         }
     }
 }
@@ -276,8 +276,8 @@ fn default_connections_per_second() -> u32 {
 
 impl NetworkPolicy {
     /// The NAT's policy (domain names in lowercase).
-    pub fn to_policy(&self) -> voidbox_net::Policy {
-        voidbox_net::Policy {
+    pub fn to_policy(&self) -> voidbox_net::NetworkPolicy {
+        voidbox_net::NetworkPolicy {
             allow_host_ports: self.allow_host_ports.clone(),
             allow_domains: self
                 .allow_domains

@@ -274,28 +274,7 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
                 None
             }
             Event::Alias(id) => {
-                let Some(target) = anchors.get(&id) else {
-                    return Err(LoadError::new(
-                        "voidbox::yaml_syntax",
-                        "alias refers to an unknown anchor",
-                        span,
-                    ));
-                };
-                let copied = count_nodes(target);
-                alias_nodes = alias_nodes.saturating_add(copied);
-                nodes = nodes.saturating_add(copied);
-                if alias_nodes > MAX_ALIAS_NODES || nodes > MAX_NODES {
-                    return Err(LoadError::new(
-                        "voidbox::alias_limit",
-                        format!(
-                            "alias expansion exceeds {MAX_ALIAS_NODES} nodes (is this an alias bomb?)"
-                        ),
-                        span,
-                    )
-                    .with_help("specs do not need aliases that expand this much; write the values out"));
-                }
-                let mut copy = target.clone();
-                copy.span = span;
+                let copy = alias(&anchors, id, span, &mut alias_nodes, &mut nodes)?;
                 Some((copy, 0))
             }
             Event::Scalar(value, style, anchor, tag) => {
@@ -367,45 +346,7 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
         if anchor != 0 {
             anchors.insert(anchor, node.clone());
         }
-        match stack.last_mut() {
-            None => root = Some(node),
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map {
-                entries,
-                pending_key,
-                ..
-            }) => match pending_key.take() {
-                None => {
-                    let name = match &node.kind {
-                        NodeKind::Str(s) => s.clone(),
-                        NodeKind::Null => "null".to_string(),
-                        NodeKind::Bool(b) => b.to_string(),
-                        NodeKind::Number(n) => n.to_string(),
-                        NodeKind::Seq(_) | NodeKind::Map(_) => {
-                            return Err(LoadError::new(
-                                "voidbox::invalid_key",
-                                "mapping keys must be scalars",
-                                node.span,
-                            ))
-                        }
-                    };
-                    if let Some((first, _)) = entries.iter().find(|(k, _)| k.name == name) {
-                        let (line, _) = crate::diagnostic::line_col(src, first.span.offset);
-                        return Err(LoadError::new(
-                            "voidbox::duplicate_key",
-                            format!("duplicate key `{name}`"),
-                            node.span,
-                        )
-                        .with_help(format!("`{name}` is already set on line {line}")));
-                    }
-                    *pending_key = Some(Key {
-                        name,
-                        span: node.span,
-                    });
-                }
-                Some(key) => entries.push((key, node)),
-            },
-        }
+        attach(src, &mut stack, &mut root, node)?;
     }
     root.ok_or_else(|| {
         LoadError::new(
@@ -415,6 +356,88 @@ pub fn parse(src: &str) -> Result<Node, LoadError> {
         )
         .with_help("a spec starts with `api_version: v1` and `kind: …`")
     })
+}
+
+/// Puts a finished node where it belongs: the root, the next item of the open sequence,
+/// or the open mapping's next key (a scalar, not yet used) or value.
+fn attach(
+    src: &str,
+    stack: &mut [Frame],
+    root: &mut Option<Node>,
+    node: Node,
+) -> Result<(), LoadError> {
+    match stack.last_mut() {
+        None => *root = Some(node),
+        Some(Frame::Seq { items, .. }) => items.push(node),
+        Some(Frame::Map {
+            entries,
+            pending_key,
+            ..
+        }) => match pending_key.take() {
+            None => {
+                let name = match &node.kind {
+                    NodeKind::Str(s) => s.clone(),
+                    NodeKind::Null => "null".to_string(),
+                    NodeKind::Bool(b) => b.to_string(),
+                    NodeKind::Number(n) => n.to_string(),
+                    NodeKind::Seq(_) | NodeKind::Map(_) => {
+                        return Err(LoadError::new(
+                            "voidbox::invalid_key",
+                            "mapping keys must be scalars",
+                            node.span,
+                        ))
+                    }
+                };
+                if let Some((first, _)) = entries.iter().find(|(k, _)| k.name == name) {
+                    let (line, _) = crate::diagnostic::line_col(src, first.span.offset);
+                    return Err(LoadError::new(
+                        "voidbox::duplicate_key",
+                        format!("duplicate key `{name}`"),
+                        node.span,
+                    )
+                    .with_help(format!("`{name}` is already set on line {line}")));
+                }
+                *pending_key = Some(Key {
+                    name,
+                    span: node.span,
+                });
+            }
+            Some(key) => entries.push((key, node)),
+        },
+    }
+    Ok(())
+}
+
+/// A copy of the node anchored as `id`, counted against the node and alias limits (an
+/// alias bomb stops here).
+fn alias(
+    anchors: &std::collections::HashMap<usize, Node>,
+    id: usize,
+    span: Span,
+    alias_nodes: &mut usize,
+    nodes: &mut usize,
+) -> Result<Node, LoadError> {
+    let Some(target) = anchors.get(&id) else {
+        return Err(LoadError::new(
+            "voidbox::yaml_syntax",
+            "alias refers to an unknown anchor",
+            span,
+        ));
+    };
+    let copied = count_nodes(target);
+    *alias_nodes = alias_nodes.saturating_add(copied);
+    *nodes = nodes.saturating_add(copied);
+    if *alias_nodes > MAX_ALIAS_NODES || *nodes > MAX_NODES {
+        return Err(LoadError::new(
+            "voidbox::alias_limit",
+            format!("alias expansion exceeds {MAX_ALIAS_NODES} nodes (is this an alias bomb?)"),
+            span,
+        )
+        .with_help("specs do not need aliases that expand this much; write the values out"));
+    }
+    let mut copy = target.clone();
+    copy.span = span;
+    Ok(copy)
 }
 
 fn check_depth(depth: usize, span: Span) -> Result<(), LoadError> {

@@ -161,53 +161,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
         finish(&status, ExitCode::Internal, "prctl_failed", Some(e), vec![]);
     }
 
-    let Some(cfg_file) = take_fd(args.config_fd) else {
-        finish(
-            &status,
-            ExitCode::Config,
-            "config_error",
-            Some(format!("config fd {} is not open", args.config_fd)),
-            vec![],
-        );
-    };
-    let mut reader = LineReader::new(cfg_file);
-    let text = match reader.read_line(MAX_CONFIG_BYTES) {
-        Ok(Line::Text(t)) => match String::from_utf8(t) {
-            Ok(t) => t,
-            Err(_) => finish(
-                &status,
-                ExitCode::Config,
-                "config_error",
-                Some("config is not UTF-8".into()),
-                vec![],
-            ),
-        },
-        Ok(Line::Eof) => String::new(),
-        Ok(Line::TooLong) => finish(
-            &status,
-            ExitCode::Config,
-            "config_error",
-            Some(format!("config line longer than {MAX_CONFIG_BYTES} bytes")),
-            vec![],
-        ),
-        Err(e) => finish(
-            &status,
-            ExitCode::Config,
-            "config_error",
-            Some(format!("reading config: {e}")),
-            vec![],
-        ),
-    };
-    let cfg = match VmConfig::from_json(&text) {
-        Ok(c) => c,
-        Err(e) => finish(
-            &status,
-            ExitCode::Config,
-            "config_error",
-            Some(e.to_string()),
-            vec![],
-        ),
-    };
+    let (cfg, reader) = read_config(args.config_fd, &status);
     // Without a control channel the config fd is done with (the engine may keep its end open).
     let control = cfg.snapshot_control.then_some(reader);
     let mut keep = vec![args.status_fd];
@@ -218,19 +172,7 @@ pub fn main_with_args(args: Vec<String>) -> ! {
     // SAFETY: getpid has no preconditions.
     status.emit(&json!({"event": "started", "pid": unsafe { libc::getpid() }}));
 
-    let vm = match Vm::build(&cfg) {
-        Ok(vm) => vm,
-        Err(e) => {
-            let code = e.exit_code();
-            let reason = match code {
-                ExitCode::KvmUnavailable => "kvm_unavailable",
-                ExitCode::Config => "config_error",
-                ExitCode::Snapshot => "snapshot_refused",
-                _ => "setup_error",
-            };
-            finish(&status, code, reason, Some(e.to_string()), vec![]);
-        }
-    };
+    let vm = build_vm(&cfg, &status);
     if let Some(r) = vm.restored {
         status.emit(&json!({
             "event": "restored",
@@ -293,4 +235,75 @@ pub fn main_with_args(args: Vec<String>) -> ! {
         tail
     };
     finish(&status, code, outcome.reason(), outcome.detail(), tail);
+}
+
+/// Reads the VM config (one JSON line) from `config_fd`; anything wrong with it ends the
+/// process with a `config_error` status. Returns the config and the reader (the snapshot
+/// control channel, when the config asks for one).
+fn read_config(config_fd: i32, status: &StatusWriter) -> (VmConfig, LineReader<std::fs::File>) {
+    let Some(cfg_file) = take_fd(config_fd) else {
+        finish(
+            status,
+            ExitCode::Config,
+            "config_error",
+            Some(format!("config fd {config_fd} is not open")),
+            vec![],
+        );
+    };
+    let mut reader = LineReader::new(cfg_file);
+    let text = match reader.read_line(MAX_CONFIG_BYTES) {
+        Ok(Line::Text(t)) => match String::from_utf8(t) {
+            Ok(t) => t,
+            Err(_) => finish(
+                status,
+                ExitCode::Config,
+                "config_error",
+                Some("config is not UTF-8".into()),
+                vec![],
+            ),
+        },
+        Ok(Line::Eof) => String::new(),
+        Ok(Line::TooLong) => finish(
+            status,
+            ExitCode::Config,
+            "config_error",
+            Some(format!("config line longer than {MAX_CONFIG_BYTES} bytes")),
+            vec![],
+        ),
+        Err(e) => finish(
+            status,
+            ExitCode::Config,
+            "config_error",
+            Some(format!("reading config: {e}")),
+            vec![],
+        ),
+    };
+    let cfg = match VmConfig::from_json(&text) {
+        Ok(c) => c,
+        Err(e) => finish(
+            status,
+            ExitCode::Config,
+            "config_error",
+            Some(e.to_string()),
+            vec![],
+        ),
+    };
+    (cfg, reader)
+}
+
+/// Builds the VM (or restores it); a failure ends the process with its status.
+fn build_vm(cfg: &VmConfig, status: &StatusWriter) -> Vm {
+    match Vm::build(cfg) {
+        Ok(vm) => vm,
+        Err(e) => {
+            let code = e.exit_code();
+            let reason = match code {
+                ExitCode::KvmUnavailable => "kvm_unavailable",
+                ExitCode::Config => "config_error",
+                ExitCode::Snapshot => "snapshot_refused",
+                _ => "setup_error",
+            };
+            finish(status, code, reason, Some(e.to_string()), vec![]);
+        }
+    }
 }

@@ -30,8 +30,8 @@ pub struct VmExecutor {
     /// Kernel + system disk.
     pub image: GuestImage,
     /// Per node: image disks, user, image environment and boot override
-    /// ([`crate::node::images::prepare`]); nodes missing here boot `image` as is.
-    pub node_vms: std::collections::HashMap<String, crate::node::images::NodeVm>,
+    /// ([`crate::node::oci_images::prepare`]); nodes missing here boot `image` as is.
+    pub node_vms: std::collections::HashMap<String, crate::node::oci_images::NodeVm>,
     /// How VMMs are started.
     pub launcher: VmmLauncher,
     /// Boot deadline per VM.

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::node::{images, launch as runtime, refusals};
+use crate::node::{launch as runtime, oci_images as images, refusals};
 use crate::output::ProgressMode;
 use crate::plan::Plan;
 use crate::sandbox::{check_kvm, GuestImage, VmmLauncher};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::Check;
 use crate::apply::{HOST_MARGIN_MB, VM_OVERHEAD_MB};
-use crate::image::{agent, deps};
+use crate::image::{deps, guest_agent};
 use crate::limits::{DEFAULT_AGENT_MEMORY_MB, DEFAULT_RUN_MEMORY_MB};
 
 /// Name of the memory check.
@@ -84,25 +84,25 @@ fn apt_install(pkgs: &[&str]) -> String {
     )
 }
 
-/// The guest agent the builder would use, found the way [`agent::resolve`] looks (without
+/// The guest agent the builder would use, found the way [`guest_agent::resolve`] looks (without
 /// building it).
 fn agent_source() -> Result<String, (String, String)> {
     let fix = format!(
         "set {} to a static voidbox-guest-agent binary, or build voidbox from its source tree",
-        agent::AGENT_ENV
+        guest_agent::AGENT_ENV
     );
-    if let Some(p) = std::env::var_os(agent::AGENT_ENV) {
+    if let Some(p) = std::env::var_os(guest_agent::AGENT_ENV) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(format!("guest agent {}", p.display()))
         } else {
             Err((
-                format!("{}={} does not exist", agent::AGENT_ENV, p.display()),
+                format!("{}={} does not exist", guest_agent::AGENT_ENV, p.display()),
                 fix,
             ))
         };
     }
-    if let Some(ws) = agent::source_tree() {
+    if let Some(ws) = guest_agent::source_tree() {
         let cargo = std::env::var_os("CARGO").map(PathBuf::from);
         return if cargo.is_some_and(|c| c.is_file()) || deps::which("cargo").is_some() {
             Ok(format!(
@@ -121,7 +121,7 @@ fn agent_source() -> Result<String, (String, String)> {
     }
     std::env::current_exe()
         .ok()
-        .and_then(|e| e.parent().map(|d| d.join(agent::AGENT_PACKAGE)))
+        .and_then(|e| e.parent().map(|d| d.join(guest_agent::AGENT_PACKAGE)))
         .filter(|p| p.is_file())
         .map(|p| format!("guest agent {}", p.display()))
         .ok_or_else(|| ("no guest agent binary next to voidbox".to_string(), fix))

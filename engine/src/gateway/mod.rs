@@ -270,9 +270,9 @@ impl Drop for Gateway {
 /// network — a NAT that reaches the gateway only (no public egress). Without a gateway,
 /// `node` as it is.
 pub fn guest_network(
-    node: Option<voidbox_net::Policy>,
+    node: Option<voidbox_net::NetworkPolicy>,
     gateway_port: Option<u16>,
-) -> Option<voidbox_net::Policy> {
+) -> Option<voidbox_net::NetworkPolicy> {
     match (node, gateway_port) {
         (Some(mut p), Some(port)) => {
             if !p.allow_host_ports.contains(&port) {
@@ -280,10 +280,10 @@ pub fn guest_network(
             }
             Some(p)
         }
-        (None, Some(port)) => Some(voidbox_net::Policy {
+        (None, Some(port)) => Some(voidbox_net::NetworkPolicy {
             allow_host_ports: vec![port],
             public_egress: false,
-            ..voidbox_net::Policy::default()
+            ..voidbox_net::NetworkPolicy::default()
         }),
         (p, None) => p,
     }

@@ -718,10 +718,10 @@ fn the_guest_network_reaches_the_gateway_and_keeps_the_nodes_policy() {
     assert_eq!(only.allow_host_ports, [4321]);
     assert!(!only.public_egress);
     // A node's policy keeps everything it says, plus the gateway's port (once).
-    let node = voidbox_net::Policy {
+    let node = voidbox_net::NetworkPolicy {
         allow_host_ports: vec![8080],
         allow_domains: vec!["example.com".into()],
-        ..voidbox_net::Policy::default()
+        ..voidbox_net::NetworkPolicy::default()
     };
     let merged = guest_network(Some(node.clone()), Some(4321)).unwrap();
     assert_eq!(merged.allow_host_ports, [8080, 4321]);

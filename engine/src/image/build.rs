@@ -15,7 +15,7 @@ use super::manifest::{
 };
 use super::progress::Progress;
 use super::recipe::{self, Profile};
-use super::{agent, deps, erofs, layout};
+use super::{deps, erofs, guest_agent, layout};
 
 /// What to build.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
     let khash = content_hash(&kin);
     let agent_bytes = fs::read(&req.guest_agent).map_err(ImageError::io(&req.guest_agent))?;
     let busybox_bytes = fs::read(&tc.busybox).map_err(ImageError::io(&tc.busybox))?;
-    let mock_llm = agent::mock_llm_beside(&req.guest_agent);
+    let mock_llm = guest_agent::mock_llm_beside(&req.guest_agent);
     let mock_bytes = match &mock_llm {
         Some(m) => Some(fs::read(m).map_err(ImageError::io(m))?),
         None => None,
@@ -178,7 +178,7 @@ pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Buil
     let mut tree = layout::build(&init_bytes, &busybox_bytes, &applets)?;
     if let (Some(path), Some(bytes)) = (&mock_llm, &mock_bytes) {
         let stripped = strip(path, bytes, &scratch)?;
-        layout::add_executable(&mut tree, agent::MOCK_LLM_GUEST_PATH, &stripped)?;
+        layout::add_executable(&mut tree, guest_agent::MOCK_LLM_GUEST_PATH, &stripped)?;
     }
     let disk = stage.join(SYSTEM_DISK_FILE);
     erofs::build(&tree, &scratch, &disk)?;
@@ -385,9 +385,9 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<(), ImageError> {
     fs::copy(from, to).map(|_| ()).map_err(ImageError::io(to))
 }
 
-/// Resolves the guest agent for a build (see [`agent::resolve`]).
+/// Resolves the guest agent for a build (see [`guest_agent::resolve`]).
 pub fn resolve_agent(explicit: Option<&Path>, p: &Progress) -> Result<PathBuf, ImageError> {
-    agent::resolve(explicit, &mut |l| p.detail(l))
+    guest_agent::resolve(explicit, &mut |l| p.detail(l))
 }
 
 #[cfg(test)]

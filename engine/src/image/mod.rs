@@ -6,7 +6,6 @@
 //! Entry points: [`ensure_image`] for the apply/run paths, [`run_cli`] for
 //! `voidbox image build|ls|rm|verify|probe`. See `guest-agent/image/README.md`.
 
-pub mod agent;
 pub mod build;
 pub mod bundle;
 pub mod cache;
@@ -14,6 +13,7 @@ pub mod cpio;
 pub mod deps;
 pub mod erofs;
 pub mod error;
+pub mod guest_agent;
 pub mod kconfig;
 pub mod kernel;
 pub mod layout;
@@ -53,7 +53,7 @@ pub struct EnsureOptions {
     pub profile: ProfileChoice,
     /// Cache root (default: `$XDG_CACHE_HOME/voidbox`).
     pub cache_dir: Option<PathBuf>,
-    /// Guest agent binary (default: see [`agent::resolve`]).
+    /// Guest agent binary (default: see [`guest_agent::resolve`]).
     pub guest_agent: Option<PathBuf>,
     /// Parallel compile jobs (default: available cores).
     pub jobs: Option<usize>,

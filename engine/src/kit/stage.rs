@@ -80,7 +80,7 @@ pub(super) fn build(src: &Sources<'_>, secrets: &Secrets) -> Result<Kit, KitErro
                 Ok(SkillRef::Mcp(_)) => return Err(err(super::MCP_NAME_ONLY.into())),
                 Err((why, _)) => return Err(err(why)),
             },
-            // Attached as its own disk (`crate::node::images`), not a kit file.
+            // Attached as its own disk (`crate::node::oci_images`), not a kit file.
             SkillEntry::Oci(_) => {}
             // Started by the runtime from its MCP configuration (`crate::node::launch`).
             SkillEntry::Mcp(_) => {}

@@ -2,7 +2,7 @@
 //! implies `--network`), checked with the same rules as the spec's `network:` mapping.
 
 use ipnet::IpNet;
-use voidbox_net::Policy;
+use voidbox_net::NetworkPolicy;
 
 use super::{checks, CONNECTIONS_PER_SECOND_LIMIT, MAX_CONNECTIONS_LIMIT};
 
@@ -51,7 +51,7 @@ fn domain_arg(s: &str) -> Result<String, String> {
 
 impl NetworkArgs {
     /// The policy the flags ask for: `None` without `--network` or any policy flag.
-    pub fn policy(&self) -> Result<Option<Policy>, String> {
+    pub fn policy(&self) -> Result<Option<NetworkPolicy>, String> {
         let any_policy = !self.allow_host_ports.is_empty()
             || !self.allow_domains.is_empty()
             || !self.allow.is_empty()
@@ -67,8 +67,8 @@ impl NetworkArgs {
                 self.allow_host_ports[*i]
             ));
         }
-        let d = Policy::default();
-        Ok(Some(Policy {
+        let d = NetworkPolicy::default();
+        Ok(Some(NetworkPolicy {
             allow_host_ports: self.allow_host_ports.clone(),
             allow_domains: self.allow_domains.clone(),
             allow: self.allow.clone(),
@@ -93,7 +93,7 @@ mod tests {
         n: NetworkArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<Option<Policy>, String> {
+    fn parse(args: &[&str]) -> Result<Option<NetworkPolicy>, String> {
         let mut argv = vec!["x"];
         argv.extend_from_slice(args);
         T::try_parse_from(argv)
@@ -104,7 +104,10 @@ mod tests {
     #[test]
     fn no_flag_no_network() {
         assert_eq!(parse(&[]).unwrap(), None);
-        assert_eq!(parse(&["--network"]).unwrap(), Some(Policy::default()));
+        assert_eq!(
+            parse(&["--network"]).unwrap(),
+            Some(NetworkPolicy::default())
+        );
     }
 
     #[test]
@@ -134,7 +137,7 @@ mod tests {
         let p = parse(&["--max-connections", "8"]).unwrap().expect("on");
         assert_eq!(
             p.connections_per_second,
-            Policy::default().connections_per_second
+            NetworkPolicy::default().connections_per_second
         );
     }
 

@@ -14,7 +14,7 @@ pub mod upstreams;
 
 use std::net::SocketAddr;
 
-use voidbox_net::{Denial, NatConfig, Policy, DNS_IP, GATEWAY_IP, GUEST_IP, PREFIX_LEN};
+use voidbox_net::{Denial, NatConfig, NetworkPolicy, DNS_IP, GATEWAY_IP, GUEST_IP, PREFIX_LEN};
 
 /// The kernel parameter the guest agent configures its interface from:
 /// `voidbox.net=10.0.2.15/24,10.0.2.2,10.0.2.3` (address/prefix, gateway, DNS server).
@@ -24,7 +24,7 @@ pub fn boot_param() -> String {
 
 /// The NAT config of a VM with `policy`, resolving names through `dns_upstreams` (empty:
 /// the host's `/etc/resolv.conf`).
-pub fn nat_config(policy: Policy, dns_upstreams: &[SocketAddr]) -> NatConfig {
+pub fn nat_config(policy: NetworkPolicy, dns_upstreams: &[SocketAddr]) -> NatConfig {
     NatConfig {
         policy,
         dns_upstreams: dns_upstreams.to_vec(),
@@ -38,8 +38,8 @@ const NOTHING_RESOLVES: &str = "voidbox.invalid";
 /// The policy of a golden-snapshot creator VM (it only runs `sh -c true`): every address
 /// denied, no host port, and DNS answered only for a name that never resolves. The VMs
 /// restored from the snapshot build their own NAT from their own policy.
-pub fn creator_policy() -> Policy {
-    Policy {
+pub fn creator_policy() -> NetworkPolicy {
+    NetworkPolicy {
         allow_host_ports: Vec::new(),
         allow_domains: vec![NOTHING_RESOLVES.to_string()],
         allow: Vec::new(),

@@ -123,9 +123,8 @@ impl RuntimesDisk {
         crate::sandbox::disks::ImageDisk {
             path: self.path.clone(),
             digest: format!("sha256:{}", self.digest),
-            role: crate::sandbox::disks::DiskRole::Skill {
+            role: crate::sandbox::disks::DiskRole::Runtimes {
                 mount: GUEST_MOUNT.into(),
-                writable: false,
             },
         }
     }

@@ -23,6 +23,11 @@ pub enum DiskRole {
         /// Overlay with a tmpfs upper instead of a read-only mount.
         writable: bool,
     },
+    /// The runtimes disk (the agent CLIs, [`crate::runtimes`]), read-only at its mount.
+    Runtimes {
+        /// Absolute guest path.
+        mount: String,
+    },
 }
 
 /// A read-only image disk attached to a VM.
@@ -70,7 +75,7 @@ impl VmDisks {
             return Err("a VM has at most one root filesystem image".into());
         }
         for d in &self.images {
-            if let DiskRole::Skill { mount, .. } = &d.role {
+            if let DiskRole::Skill { mount, .. } | DiskRole::Runtimes { mount } = &d.role {
                 check_mount_path(mount)?;
             }
         }
@@ -105,6 +110,7 @@ impl VmDisks {
                     "voidbox.mount={dev}:{mount}:{}",
                     if *writable { "rw" } else { "ro" }
                 )),
+                DiskRole::Runtimes { mount } => out.push(format!("voidbox.mount={dev}:{mount}:ro")),
             }
         }
         if let Some((uid, gid)) = self.user {

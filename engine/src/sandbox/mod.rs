@@ -62,7 +62,7 @@ pub struct SandboxConfig {
     pub keep_console: Option<PathBuf>,
     /// Parent of the per-VM temp dirs (default: the system temp dir).
     pub runtime_dir: Option<PathBuf>,
-    /// Policy sent with the handshake (can only narrow the boot policy).
+    /// NetworkPolicy sent with the handshake (can only narrow the boot policy).
     pub policy: Option<GuestPolicy>,
     /// Extra kernel parameters (tests, debugging).
     pub extra_cmdline: Vec<String>,

@@ -419,6 +419,171 @@ struct Done {
     record: NodeRecord,
 }
 
+/// The scheduler's bookkeeping of one run.
+struct Run {
+    plan: Arc<Plan>,
+    exec: Arc<dyn Executor>,
+    opts: SchedOptions,
+    progress: Arc<dyn Progress>,
+    t0: Instant,
+    state: Vec<State>,
+    records: Vec<Option<NodeRecord>>,
+    outputs: Vec<Option<Vec<u8>>>,
+    ready_at: Vec<Option<Instant>>,
+    controls: Arc<Mutex<Vec<Option<NodeControl>>>>,
+    /// What the running nodes are told on an abort: the cause, and the words their reports
+    /// use.
+    abort_tx: watch::Sender<Option<(Abort, Arc<str>)>>,
+    abort_rx: watch::Receiver<Option<(Abort, Arc<str>)>>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    running: usize,
+    mem_used: u64,
+    abort: Option<Abort>,
+}
+
+impl NodeRecord {
+    /// A node that never ran.
+    fn skipped() -> NodeRecord {
+        NodeRecord {
+            status: Status::Skipped,
+            attempts: 0,
+            started: None,
+            duration: None,
+            queue_wait: None,
+            last: None,
+        }
+    }
+}
+
+impl Run {
+    /// Memory a node's VM holds while it runs.
+    fn mem_of(&self, idx: NodeIndex) -> u64 {
+        self.plan.graph[idx].sandbox.memory_mb + self.opts.vm_overhead_mb
+    }
+
+    /// Starts (or skips) every pending node whose inputs are settled, within the slots and
+    /// the memory budget.
+    fn start_ready(&mut self) {
+        let plan = self.plan.clone();
+        for idx in plan.graph.node_indices() {
+            let i = idx.index();
+            if self.state[i] != State::Pending {
+                continue;
+            }
+            let preds: Vec<NodeIndex> = plan
+                .graph
+                .neighbors_directed(idx, Direction::Incoming)
+                .collect();
+            if preds.iter().any(|p| self.state[p.index()] != State::Done) {
+                continue;
+            }
+            let inputs_ok = preds.iter().all(|p| {
+                self.records[p.index()].as_ref().map(|r| r.status) == Some(Status::Succeeded)
+            });
+            if self.abort.is_some() || !inputs_ok {
+                self.state[i] = State::Done;
+                self.records[i] = Some(NodeRecord::skipped());
+                self.progress.event(
+                    &plan,
+                    &Event::Finished { node: idx },
+                    self.records[i].as_ref(),
+                );
+                continue;
+            }
+            let ready = *self.ready_at[i].get_or_insert_with(Instant::now);
+            let need = self.mem_of(idx);
+            if self.running >= self.opts.max_parallel
+                || (self.running > 0 && self.mem_used + need > self.opts.memory_budget_mb)
+            {
+                continue;
+            }
+            let Some(input) = node_input(&plan, idx, self.opts.run_input.as_deref(), &self.outputs)
+            else {
+                continue;
+            };
+            self.state[i] = State::Running;
+            self.running += 1;
+            self.mem_used += need;
+            tokio::spawn(node_task(NodeTask {
+                plan: plan.clone(),
+                idx,
+                input,
+                exec: self.exec.clone(),
+                controls: self.controls.clone(),
+                abort: self.abort_rx.clone(),
+                done: self.done_tx.clone(),
+                progress: self.progress.clone(),
+                max_output: self.opts.max_output,
+                retry_base: self.opts.retry_base,
+                t0: self.t0,
+                queue_wait: ready.elapsed(),
+            }));
+        }
+    }
+
+    /// A node reached its final status (fail-fast aborts the run on a failure).
+    fn finished(&mut self, d: Done) {
+        let i = d.node.index();
+        self.state[i] = State::Done;
+        self.running -= 1;
+        self.mem_used = self.mem_used.saturating_sub(self.mem_of(d.node));
+        if d.record.status == Status::Succeeded {
+            self.outputs[i] = d.record.last.as_ref().map(|a| a.output.clone());
+        } else if self.abort.is_none()
+            && self.plan.on_failure == OnFailure::FailFast
+            && d.record.status != Status::Cancelled
+        {
+            let failed = self.plan.graph[d.node].name.clone();
+            self.abort_with(Abort::FailFast, Some(&failed));
+        }
+        self.progress.event(
+            &self.plan,
+            &Event::Finished { node: d.node },
+            Some(&d.record),
+        );
+        self.records[i] = Some(d.record);
+    }
+
+    /// Stops the run: every running node is told why, and stopped.
+    fn abort_with(&mut self, a: Abort, failed: Option<&str>) {
+        self.abort = Some(a);
+        let _ = self
+            .abort_tx
+            .send(Some((a, cancel_reason(&self.plan, a, failed))));
+        for c in self
+            .controls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+        {
+            c.stop(StopReason::Cancelled);
+        }
+        self.exec.abort_all();
+    }
+
+    /// The result, once nothing runs.
+    fn result(self) -> RunResult {
+        let nodes: Vec<NodeRecord> = self
+            .records
+            .into_iter()
+            .map(|r| r.unwrap_or_else(NodeRecord::skipped))
+            .collect();
+        let output = if self.abort.is_none() && nodes.iter().all(|r| r.status == Status::Succeeded)
+        {
+            final_output(&self.plan, &self.outputs)
+        } else {
+            None
+        };
+        RunResult {
+            nodes,
+            output,
+            abort: self.abort,
+            duration: self.t0.elapsed(),
+        }
+    }
+}
+
 /// Runs `plan` to completion. `cancel` delivers an external abort (a signal).
 pub async fn run_plan(
     plan: Arc<Plan>,
@@ -429,158 +594,51 @@ pub async fn run_plan(
 ) -> RunResult {
     let t0 = Instant::now();
     let n = plan.graph.node_count();
-    let mut state = vec![State::Pending; n];
-    let mut records: Vec<Option<NodeRecord>> = vec![None; n];
-    let mut outputs: Vec<Option<Vec<u8>>> = vec![None; n];
-    let mut ready_at: Vec<Option<Instant>> = vec![None; n];
-    let controls: Arc<Mutex<Vec<Option<NodeControl>>>> = Arc::new(Mutex::new(vec![None; n]));
-    // What the running nodes are told on an abort: the cause, and the words their reports use.
     let (abort_tx, abort_rx) = watch::channel(None::<(Abort, Arc<str>)>);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-    let mut running = 0usize;
-    let mut mem_used = 0u64;
-    let mut abort: Option<Abort> = None;
     let pipeline_deadline = plan.timeout_secs.map(|s| t0 + Duration::from_secs(s));
-    let mem_of = |p: &PlanNode| p.sandbox.memory_mb + opts.vm_overhead_mb;
-
-    let stop_all = |controls: &Arc<Mutex<Vec<Option<NodeControl>>>>| {
-        for c in controls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .flatten()
-        {
-            c.stop(StopReason::Cancelled);
-        }
-        exec.abort_all();
+    let mut run = Run {
+        plan,
+        exec,
+        opts,
+        progress,
+        t0,
+        state: vec![State::Pending; n],
+        records: vec![None; n],
+        outputs: vec![None; n],
+        ready_at: vec![None; n],
+        controls: Arc::new(Mutex::new(vec![None; n])),
+        abort_tx,
+        abort_rx,
+        done_tx,
+        running: 0,
+        mem_used: 0,
+        abort: None,
     };
-
     loop {
-        // Start (or skip) every pending node whose inputs are settled.
-        for idx in plan.graph.node_indices() {
-            let i = idx.index();
-            if state[i] != State::Pending {
-                continue;
-            }
-            let preds: Vec<NodeIndex> = plan
-                .graph
-                .neighbors_directed(idx, Direction::Incoming)
-                .collect();
-            if preds.iter().any(|p| state[p.index()] != State::Done) {
-                continue;
-            }
-            let inputs_ok = preds
-                .iter()
-                .all(|p| records[p.index()].as_ref().map(|r| r.status) == Some(Status::Succeeded));
-            if abort.is_some() || !inputs_ok {
-                state[i] = State::Done;
-                records[i] = Some(NodeRecord {
-                    status: Status::Skipped,
-                    attempts: 0,
-                    started: None,
-                    duration: None,
-                    queue_wait: None,
-                    last: None,
-                });
-                progress.event(&plan, &Event::Finished { node: idx }, records[i].as_ref());
-                continue;
-            }
-            let ready = *ready_at[i].get_or_insert_with(Instant::now);
-            let need = mem_of(&plan.graph[idx]);
-            if running >= opts.max_parallel
-                || (running > 0 && mem_used + need > opts.memory_budget_mb)
-            {
-                continue;
-            }
-            let Some(input) = node_input(&plan, idx, opts.run_input.as_deref(), &outputs) else {
-                continue;
-            };
-            state[i] = State::Running;
-            running += 1;
-            mem_used += need;
-            tokio::spawn(node_task(NodeTask {
-                plan: plan.clone(),
-                idx,
-                input,
-                exec: exec.clone(),
-                controls: controls.clone(),
-                abort: abort_rx.clone(),
-                done: done_tx.clone(),
-                progress: progress.clone(),
-                max_output: opts.max_output,
-                retry_base: opts.retry_base,
-                t0,
-                queue_wait: ready.elapsed(),
-            }));
-        }
-        if running == 0 {
+        run.start_ready();
+        if run.running == 0 {
             break;
         }
         let sleep_until = pipeline_deadline.map(tokio::time::Instant::from_std);
+        let open = run.abort.is_none();
         tokio::select! {
-            Some(d) = done_rx.recv() => {
-                let i = d.node.index();
-                state[i] = State::Done;
-                running -= 1;
-                mem_used = mem_used.saturating_sub(mem_of(&plan.graph[d.node]));
-                if d.record.status == Status::Succeeded {
-                    outputs[i] = d.record.last.as_ref().map(|a| a.output.clone());
-                } else if abort.is_none()
-                    && plan.on_failure == OnFailure::FailFast
-                    && d.record.status != Status::Cancelled
-                {
-                    abort = Some(Abort::FailFast);
-                    let why = cancel_reason(&plan, Abort::FailFast, Some(&plan.graph[d.node].name));
-                    let _ = abort_tx.send(Some((Abort::FailFast, why)));
-                    stop_all(&controls);
-                }
-                progress.event(&plan, &Event::Finished { node: d.node }, Some(&d.record));
-                records[i] = Some(d.record);
-            }
+            Some(d) = done_rx.recv() => run.finished(d),
             _ = async {
                 match sleep_until {
                     Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
-            }, if abort.is_none() => {
-                abort = Some(Abort::Timeout);
-                let _ = abort_tx.send(Some((Abort::Timeout, cancel_reason(&plan, Abort::Timeout, None))));
-                stop_all(&controls);
-            }
-            Ok(()) = cancel.changed(), if abort.is_none() => {
+            }, if open => run.abort_with(Abort::Timeout, None),
+            Ok(()) = cancel.changed(), if open => {
                 let a = *cancel.borrow();
                 if let Some(a) = a {
-                    abort = Some(a);
-                    let _ = abort_tx.send(Some((a, cancel_reason(&plan, a, None))));
-                    stop_all(&controls);
+                    run.abort_with(a, None);
                 }
             }
         }
     }
-    let nodes: Vec<NodeRecord> = records
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(NodeRecord {
-                status: Status::Skipped,
-                attempts: 0,
-                started: None,
-                duration: None,
-                queue_wait: None,
-                last: None,
-            })
-        })
-        .collect();
-    let output = if abort.is_none() && nodes.iter().all(|r| r.status == Status::Succeeded) {
-        final_output(&plan, &outputs)
-    } else {
-        None
-    };
-    RunResult {
-        nodes,
-        output,
-        abort,
-        duration: t0.elapsed(),
-    }
+    run.result()
 }
 
 /// What a node cancelled by `abort` reports: `cancelled: sibling 'x' failed`,

@@ -217,7 +217,7 @@ struct Setup {
     node: Option<PlanNode>,
     env: Vec<(String, String)>,
     mounts: Vec<HostMount>,
-    network: Option<voidbox_net::Policy>,
+    network: Option<voidbox_net::NetworkPolicy>,
     /// The NAT's DNS upstreams (`VOIDBOX_DNS_UPSTREAMS`, else the host's resolv.conf).
     dns_upstreams: Vec<std::net::SocketAddr>,
     timeout: Timeout,
@@ -348,8 +348,8 @@ fn vm_config(
         workdir: args.workdir.clone(),
     };
     if let (Some(node), Some(plan)) = (&setup.node, plan) {
-        let vms =
-            crate::node::images::prepare(plan, &base, None, ProgressMode::Auto).map_err(|e| {
+        let vms = crate::node::oci_images::prepare(plan, &base, None, ProgressMode::Auto).map_err(
+            |e| {
                 SandboxError::Environment(match e {
                     Ok(refusals) => refusals
                         .iter()
@@ -358,7 +358,8 @@ fn vm_config(
                         .join("\n"),
                     Err(msg) => msg,
                 })
-            })?;
+            },
+        )?;
         if let Some(vm) = vms.get(&node.name) {
             if let Some(image) = &vm.image {
                 cfg.image = image.clone();

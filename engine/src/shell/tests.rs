@@ -301,9 +301,8 @@ fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
     let disk = ImageDisk {
         path: "/cache/runtimes.erofs".into(),
         digest: "sha256:ab".into(),
-        role: crate::sandbox::disks::DiskRole::Skill {
+        role: crate::sandbox::disks::DiskRole::Runtimes {
             mount: crate::runtimes::GUEST_MOUNT.into(),
-            writable: false,
         },
     };
     let vm = |spec: &str| {

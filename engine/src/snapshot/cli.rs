@@ -119,6 +119,7 @@ fn age(unix_secs: u64) -> String {
     human_age(crate::units::age(unix_secs))
 }
 
+/// Runs a `voidbox snapshot` subcommand: 0 success, 2 usage/cache errors, 3 environment.
 fn run(cmd: SnapshotCommand) -> CliResult {
     match cmd {
         SnapshotCommand::Create {
@@ -129,164 +130,181 @@ fn run(cmd: SnapshotCommand) -> CliResult {
             boot_timeout,
             cache_dir,
             format,
-        } => {
-            let network = if network {
-                let upstreams = crate::network::upstreams::from_env().map_err(|e| (2, e))?;
-                Some(crate::network::nat_config(
-                    crate::network::creator_policy(),
-                    &upstreams,
-                ))
-            } else {
-                None
-            };
-            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
-            check_kvm().map_err(sandbox_err)?;
-            let image = GuestImage::ensure(ProgressMode::Auto).map_err(sandbox_err)?;
-            let spec = GoldenSpec {
-                image,
-                memory_mb,
-                vcpus,
-                extra_cmdline: Vec::new(),
-                disks: Default::default(),
-                network,
-            };
-            let key = spec.key();
-            let _lock = store
-                .lock(&key, LockMode::Exclusive, true)
-                .map_err(store_err)?;
-            let existing = store.get(&key).ok().flatten();
-            let entry = match existing {
-                Some(e) if !force => {
-                    eprintln!(
-                        "snapshot {} exists (use --force to re-create it)",
-                        &key[..12]
-                    );
-                    e
-                }
-                _ => {
-                    eprintln!(
-                        "creating snapshot {} ({memory_mb} MiB, {vcpus} vCPU): cold boot…",
-                        &key[..12]
-                    );
-                    let opts = CreateOptions {
-                        launcher: VmmLauncher::default(),
-                        boot_timeout: Duration::from_secs(boot_timeout),
-                        runtime_dir: None,
-                    };
-                    let e = create(&store, &spec, &opts).map_err(sandbox_err)?;
-                    eprintln!(
-                        "created snapshot {} in {:.1}s (boot {:.1}s, snapshot {} ms, vCPUs paused {} µs), {} on disk",
-                        &key[..12],
-                        (e.meta.boot_ms + e.meta.snapshot_ms) as f64 / 1000.0,
-                        e.meta.boot_ms as f64 / 1000.0,
-                        e.meta.snapshot_ms,
-                        e.meta.pause_us,
-                        human_size(e.disk_bytes)
-                    );
-                    let cap = store::max_bytes().map_err(|e| (2, e))?;
-                    for gone in store.evict(cap, &key) {
-                        eprintln!("evicted {} (cache over {})", &gone[..12], human_size(cap));
-                    }
-                    e
-                }
-            };
-            match format {
-                Format::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&entry_json(&entry)).unwrap_or_default()
-                ),
-                Format::Human => println!("{}", entry.dir.display()),
-            }
-            Ok(())
-        }
-        SnapshotCommand::Ls { format, cache_dir } => {
-            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
-            let (entries, broken) = store.list().map_err(store_err)?;
-            match format {
-                Format::Json => {
-                    let v: Vec<_> = entries.iter().map(entry_json).collect();
-                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-                }
-                Format::Human if entries.is_empty() => {
-                    eprintln!("no snapshots in {}", store.root().display());
-                }
-                Format::Human => {
-                    // BOOTS tells apart entries of one size and image: what the VM booted
-                    // (command line, image disks such as the runtimes disk or an OCI root
-                    // filesystem, the network device), the identity a restore checks.
-                    println!(
-                        "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
-                        "KEY",
-                        "MEMORY",
-                        "VCPUS",
-                        "NET",
-                        "IMAGE",
-                        "BOOTS",
-                        "SIZE",
-                        "CREATED",
-                        "LAST-USED"
-                    );
-                    for e in &entries {
-                        let m = &e.meta;
-                        println!(
-                            "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
-                            &m.key[..12],
-                            format!("{}M", m.memory_mb),
-                            m.vcpus,
-                            if m.network { "yes" } else { "-" },
-                            &m.image_hash[..m.image_hash.len().min(12)],
-                            &m.image_key[..m.image_key.len().min(12)],
-                            human_size(e.disk_bytes),
-                            age(m.created_unix),
-                            age(unix(e.last_used)),
-                        );
-                    }
-                    let total: u64 = entries.iter().map(|e| e.disk_bytes).sum();
-                    let cap = store::max_bytes().unwrap_or(store::DEFAULT_MAX_BYTES);
-                    eprintln!(
-                        "{} snapshot(s), {} of {} ({})",
-                        entries.len(),
-                        human_size(total),
-                        human_size(cap),
-                        store::MAX_BYTES_ENV
-                    );
-                }
-            }
-            for (dir, e) in &broken {
-                eprintln!("warning: {}: {e}", dir.display());
-            }
-            Ok(())
-        }
+        } => create_cmd(
+            memory_mb,
+            vcpus,
+            network,
+            force,
+            boot_timeout,
+            cache_dir,
+            format,
+        ),
+        SnapshotCommand::Ls { format, cache_dir } => ls(format, cache_dir),
         SnapshotCommand::Rm {
             keys,
             all,
             cache_dir,
-        } => {
-            let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
-            let resolved = if all {
-                let (entries, broken) = store.list().map_err(store_err)?;
-                let mut v: Vec<String> = entries.into_iter().map(|e| e.meta.key).collect();
-                v.extend(
-                    broken
-                        .iter()
-                        .filter_map(|(d, _)| d.file_name()?.to_str().map(str::to_string)),
-                );
-                v
-            } else {
-                // Resolve everything first so a typo removes nothing.
-                keys.iter()
-                    .map(|k| store.resolve(k))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(store_err)?
+        } => rm(keys, all, cache_dir),
+    }
+}
+
+/// `voidbox snapshot create`.
+fn create_cmd(
+    memory_mb: u32,
+    vcpus: u8,
+    network: bool,
+    force: bool,
+    boot_timeout: u64,
+    cache_dir: Option<PathBuf>,
+    format: Format,
+) -> CliResult {
+    let network = if network {
+        let upstreams = crate::network::upstreams::from_env().map_err(|e| (2, e))?;
+        Some(crate::network::nat_config(
+            crate::network::creator_policy(),
+            &upstreams,
+        ))
+    } else {
+        None
+    };
+    let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+    check_kvm().map_err(sandbox_err)?;
+    let image = GuestImage::ensure(ProgressMode::Auto).map_err(sandbox_err)?;
+    let spec = GoldenSpec {
+        image,
+        memory_mb,
+        vcpus,
+        extra_cmdline: Vec::new(),
+        disks: Default::default(),
+        network,
+    };
+    let key = spec.key();
+    let _lock = store
+        .lock(&key, LockMode::Exclusive, true)
+        .map_err(store_err)?;
+    let existing = store.get(&key).ok().flatten();
+    let entry = match existing {
+        Some(e) if !force => {
+            eprintln!(
+                "snapshot {} exists (use --force to re-create it)",
+                &key[..12]
+            );
+            e
+        }
+        _ => {
+            eprintln!(
+                "creating snapshot {} ({memory_mb} MiB, {vcpus} vCPU): cold boot…",
+                &key[..12]
+            );
+            let opts = CreateOptions {
+                launcher: VmmLauncher::default(),
+                boot_timeout: Duration::from_secs(boot_timeout),
+                runtime_dir: None,
             };
-            for k in &resolved {
-                store.remove(k).map_err(store_err)?;
-                eprintln!("removed {k}");
+            let e = create(&store, &spec, &opts).map_err(sandbox_err)?;
+            eprintln!(
+                "created snapshot {} in {:.1}s (boot {:.1}s, snapshot {} ms, vCPUs paused {} µs), {} on disk",
+                &key[..12],
+                (e.meta.boot_ms + e.meta.snapshot_ms) as f64 / 1000.0,
+                e.meta.boot_ms as f64 / 1000.0,
+                e.meta.snapshot_ms,
+                e.meta.pause_us,
+                human_size(e.disk_bytes)
+            );
+            let cap = store::max_bytes().map_err(|e| (2, e))?;
+            for gone in store.evict(cap, &key) {
+                eprintln!("evicted {} (cache over {})", &gone[..12], human_size(cap));
             }
-            if all {
-                eprintln!("removed {} snapshot(s)", resolved.len());
+            e
+        }
+    };
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&entry_json(&entry)).unwrap_or_default()
+        ),
+        Format::Human => println!("{}", entry.dir.display()),
+    }
+    Ok(())
+}
+
+/// `voidbox snapshot ls`.
+fn ls(format: Format, cache_dir: Option<PathBuf>) -> CliResult {
+    let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+    let (entries, broken) = store.list().map_err(store_err)?;
+    match format {
+        Format::Json => {
+            let v: Vec<_> = entries.iter().map(entry_json).collect();
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        Format::Human if entries.is_empty() => {
+            eprintln!("no snapshots in {}", store.root().display());
+        }
+        Format::Human => {
+            // BOOTS tells apart entries of one size and image: what the VM booted
+            // (command line, image disks such as the runtimes disk or an OCI root
+            // filesystem, the network device), the identity a restore checks.
+            println!(
+                "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
+                "KEY", "MEMORY", "VCPUS", "NET", "IMAGE", "BOOTS", "SIZE", "CREATED", "LAST-USED"
+            );
+            for e in &entries {
+                let m = &e.meta;
+                println!(
+                    "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
+                    &m.key[..12],
+                    format!("{}M", m.memory_mb),
+                    m.vcpus,
+                    if m.network { "yes" } else { "-" },
+                    &m.image_hash[..m.image_hash.len().min(12)],
+                    &m.image_key[..m.image_key.len().min(12)],
+                    human_size(e.disk_bytes),
+                    age(m.created_unix),
+                    age(unix(e.last_used)),
+                );
             }
-            Ok(())
+            let total: u64 = entries.iter().map(|e| e.disk_bytes).sum();
+            let cap = store::max_bytes().unwrap_or(store::DEFAULT_MAX_BYTES);
+            eprintln!(
+                "{} snapshot(s), {} of {} ({})",
+                entries.len(),
+                human_size(total),
+                human_size(cap),
+                store::MAX_BYTES_ENV
+            );
         }
     }
+    for (dir, e) in &broken {
+        eprintln!("warning: {}: {e}", dir.display());
+    }
+    Ok(())
+}
+
+/// `voidbox snapshot rm`.
+fn rm(keys: Vec<String>, all: bool, cache_dir: Option<PathBuf>) -> CliResult {
+    let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
+    let resolved = if all {
+        let (entries, broken) = store.list().map_err(store_err)?;
+        let mut v: Vec<String> = entries.into_iter().map(|e| e.meta.key).collect();
+        v.extend(
+            broken
+                .iter()
+                .filter_map(|(d, _)| d.file_name()?.to_str().map(str::to_string)),
+        );
+        v
+    } else {
+        // Resolve everything first so a typo removes nothing.
+        keys.iter()
+            .map(|k| store.resolve(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(store_err)?
+    };
+    for k in &resolved {
+        store.remove(k).map_err(store_err)?;
+        eprintln!("removed {k}");
+    }
+    if all {
+        eprintln!("removed {} snapshot(s)", resolved.len());
+    }
+    Ok(())
 }

@@ -187,10 +187,10 @@ fn warm_up(sb: &mut Sandbox, disks: &crate::sandbox::disks::VmDisks) {
 
 /// Whether the runtimes disk ([`crate::runtimes`]) is among `disks`.
 fn has_runtimes(disks: &crate::sandbox::disks::VmDisks) -> bool {
-    disks.images.iter().any(|d| {
-        matches!(&d.role, crate::sandbox::disks::DiskRole::Skill { mount, .. }
-            if mount == crate::runtimes::GUEST_MOUNT)
-    })
+    disks
+        .images
+        .iter()
+        .any(|d| matches!(&d.role, crate::sandbox::disks::DiskRole::Runtimes { .. }))
 }
 
 fn env(e: StoreError) -> SandboxError {
@@ -588,28 +588,28 @@ mod tests {
             DEVICES,
         ));
         assert_eq!(plain.key(), old_key);
-        let with = |policy: voidbox_net::Policy| {
+        let with = |policy: voidbox_net::NetworkPolicy| {
             let mut s = spec(128);
             s.network = Some(crate::network::nat_config(policy, &[]));
             s
         };
-        let default = with(voidbox_net::Policy::default());
+        let default = with(voidbox_net::NetworkPolicy::default());
         assert_ne!(default.key(), plain.key());
         assert_eq!(
             default.devices(),
             ["serial", "i8042", "vsock", "virtio-net"]
         );
-        let strict = with(voidbox_net::Policy {
+        let strict = with(voidbox_net::NetworkPolicy {
             allow_host_ports: vec![11434],
             allow_domains: vec!["api.github.com".into()],
             deny: vec!["198.51.100.0/24".parse().unwrap()],
             max_connections: 4,
-            ..voidbox_net::Policy::default()
+            ..voidbox_net::NetworkPolicy::default()
         });
         assert_eq!(strict.key(), default.key());
-        let mut upstreams = with(voidbox_net::Policy::default());
+        let mut upstreams = with(voidbox_net::NetworkPolicy::default());
         upstreams.network = Some(crate::network::nat_config(
-            voidbox_net::Policy::default(),
+            voidbox_net::NetworkPolicy::default(),
             &["127.0.0.1:5353".parse().unwrap()],
         ));
         assert_eq!(upstreams.key(), default.key());
@@ -659,7 +659,7 @@ mod tests {
         let mut cfg = SandboxConfig::new(s.image.clone());
         cfg.memory_mb = 256;
         cfg.network = Some(crate::network::nat_config(
-            voidbox_net::Policy::default(),
+            voidbox_net::NetworkPolicy::default(),
             &[],
         ));
         let e = explicit(&store, &s.key()[..10], Path::new("/"), &cfg).unwrap_err();

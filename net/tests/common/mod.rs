@@ -16,13 +16,13 @@ use smoltcp::wire::{
     Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber, UdpPacket, UdpRepr,
 };
 use voidbox_net::{
-    Nat, NatConfig, Policy, DEFAULT_GUEST_MAC, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, MTU,
+    Nat, NatConfig, NetworkPolicy, DEFAULT_GUEST_MAC, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, MTU,
 };
 
 pub const GUEST_MAC: EthernetAddress = EthernetAddress(DEFAULT_GUEST_MAC);
 
 /// A NAT with `policy` and the given DNS upstream (default: the discard port, unused).
-pub fn nat(policy: Policy, upstream: Option<std::net::SocketAddr>) -> Nat {
+pub fn nat(policy: NetworkPolicy, upstream: Option<std::net::SocketAddr>) -> Nat {
     Nat::new(NatConfig {
         policy,
         dns_upstreams: vec![upstream.unwrap_or_else(|| "127.0.0.1:9".parse().unwrap())],

@@ -1,13 +1,13 @@
 //! The spec's network policy (`sandbox.network`) as the spec language sees it: the
 //! ranges it accepts, the checks of its values ([`checks`]) and its one-line summary in
-//! `voidbox graph`. The policy type and its meaning are `voidbox-net`'s ([`Policy`]); this
+//! `voidbox graph`. The policy type and its meaning are `voidbox-net`'s ([`NetworkPolicy`]); this
 //! crate links only its types, not the NAT.
 
 pub mod checks;
 
 use std::fmt::Write as _;
 
-pub use voidbox_net::Policy;
+pub use voidbox_net::NetworkPolicy;
 
 /// Largest `max_connections` (concurrent connections and UDP flows per VM).
 pub const MAX_CONNECTIONS_LIMIT: u32 = 65_535;
@@ -24,8 +24,8 @@ const _: () = assert!(
 
 /// A one-line summary of a policy for `voidbox graph`: `network` for the default policy,
 /// else `network(…)` with what differs from it.
-pub fn summary(policy: &Policy) -> String {
-    let d = Policy::default();
+pub fn summary(policy: &NetworkPolicy) -> String {
+    let d = NetworkPolicy::default();
     let mut parts: Vec<String> = Vec::new();
     let list = |items: Vec<String>| {
         let n = items.len();
@@ -69,13 +69,13 @@ mod tests {
 
     #[test]
     fn summary_names_what_differs_from_the_default() {
-        assert_eq!(summary(&Policy::default()), "network");
-        let p = Policy {
+        assert_eq!(summary(&NetworkPolicy::default()), "network");
+        let p = NetworkPolicy {
             allow_host_ports: vec![11434, 8080, 3000, 5000],
             allow_domains: vec!["api.github.com".into()],
             deny: vec!["198.51.100.0/24".parse().unwrap()],
             max_connections: 64,
-            ..Policy::default()
+            ..NetworkPolicy::default()
         };
         assert_eq!(
             summary(&p),

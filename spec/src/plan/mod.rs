@@ -120,7 +120,7 @@ pub struct NodeSandbox {
     pub vcpus: u32,
     /// The NAT policy of the node's network device (the box's `network`, else the spec's;
     /// the box's replaces the spec's entirely); `None`: no network device.
-    pub network: Option<voidbox_net::Policy>,
+    pub network: Option<voidbox_net::NetworkPolicy>,
     /// Environment (an empty value means "copy the host's value at run time").
     pub env: BTreeMap<String, String>,
     /// Mounts with resolved host paths (spec-relative, else working-directory-relative).
@@ -689,12 +689,12 @@ mod tests {
         let replace = net("replace").expect("own policy");
         assert_eq!(
             replace,
-            voidbox_net::Policy {
+            voidbox_net::NetworkPolicy {
                 allow_domains: vec!["api.github.com".into()],
-                ..voidbox_net::Policy::default()
+                ..voidbox_net::NetworkPolicy::default()
             }
         );
-        assert_eq!(net("default"), Some(voidbox_net::Policy::default()));
+        assert_eq!(net("default"), Some(voidbox_net::NetworkPolicy::default()));
         assert_eq!(net("off"), None);
         // Without `network:` there is no device, as in v1.
         let plain = compile(

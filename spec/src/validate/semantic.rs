@@ -20,7 +20,7 @@ pub fn check(root: &Node, base: &Path, facts: super::HostFacts<'_>, out: &mut Ve
     let kind = root.get("kind").and_then(Node::as_str);
     check_sections(root, kind, out);
     crate::validate::names::check(root, out);
-    crate::validate::images::check(root, out);
+    crate::validate::image_refs::check(root, out);
     crate::validate::network::check(root, out);
     if let Some(sandbox) = root.get("sandbox") {
         check_sandbox(sandbox, base, out);

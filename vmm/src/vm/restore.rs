@@ -10,7 +10,7 @@
 //! run the guest.
 
 use std::path::Path;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -28,6 +28,7 @@ use crate::devices::p9::{P9Device, P9};
 use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
+use crate::exit::VmEvent;
 use crate::memory::{map_guest_memory_file, GuestMem};
 use crate::persist::format::{self, decode_state, MemoryCheck};
 use crate::persist::state::{snapshot_key, SnapshotState, VirtioDeviceState, VirtioSlotState};
@@ -99,60 +100,11 @@ pub(super) fn restore(
     }
     if let Some(net) = &cfg.network {
         let state = next_slot("net")?;
-        let VirtioDeviceState::Net(ns) = &state.device else {
-            return Err(refused(format!(
-                "virtio device {} is {}, not the network device",
-                cfg.disks.len(),
-                state.device.name()
-            )));
-        };
-        let slot = devices.next_virtio_slot("net")?;
-        let backend = NetBackend::restore(
-            ns,
-            net.guest_mac,
-            mem.clone(),
-            slot.irq.clone(),
-            Some(events_tx.clone()),
-        )
-        .map_err(refused)?;
-        let backend = Arc::new(Mutex::new(backend));
-        let kicks = NetKicks::new().map_err(setup("eventfd"))?;
-        let dev = NetDevice::new(backend.clone(), kicks.clone());
-        let transport = restore_transport(dev, &mem, &slot, state)?;
-        // A new NAT from this config (nothing of the snapshot creator's); the thread looks at
-        // both queues at once, so buffers the guest posted before the snapshot are used.
-        let nat = new_nat(net)?;
-        kicks.kick_both();
-        let thread = NetThread::new(backend.clone(), nat, kicks, devices.stop_flag());
-        devices.attach_net(slot, transport, backend, thread)?;
+        restore_net(&mut devices, net, cfg.disks.len(), state, &mem, &events_tx)?;
     }
     if let Some(path) = &cfg.vsock_uds {
         let state = next_slot("vsock")?;
-        let VirtioDeviceState::Vsock(bs) = &state.device else {
-            return Err(refused(format!(
-                "the last virtio device is {}, not vsock",
-                state.device.name()
-            )));
-        };
-        let listener = bind_vsock_socket(path)?;
-        let slot = devices.next_virtio_slot("vsock")?;
-        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
-        // The host ends of saved connections are gone: they are reset.
-        let mut backend = VsockBackend::restore(
-            bs,
-            mem.clone(),
-            slot.irq.clone(),
-            Some(events_tx.clone()),
-            |_| None,
-        )
-        .map_err(refused)?;
-        backend.rearm_guest_ready();
-        let backend = Arc::new(Mutex::new(backend));
-        let dev = VsockDevice::new(backend.clone(), kick.clone());
-        let transport = restore_transport(dev, &mem, &slot, state)?;
-        // Let the muxer look at the queues (and send the resets) at once.
-        kick.write(1).map_err(setup("eventfd"))?;
-        devices.attach_vsock(slot, transport, backend, listener, kick)?;
+        restore_vsock(&mut devices, path, state, &mem, &events_tx)?;
     }
     // The share slots: the transport and queue from the snapshot, the binding from this
     // config (nothing was mounted when the snapshot was taken).
@@ -199,6 +151,81 @@ pub(super) fn restore(
         key: snapshot_key(cfg),
         caps: Arc::new(caps),
     })
+}
+
+/// Restores the network device from its saved `state`, with a new NAT from this config.
+fn restore_net(
+    devices: &mut Attach<'_>,
+    net: &voidbox_net::NatConfig,
+    index: usize,
+    state: &VirtioSlotState,
+    mem: &GuestMem,
+    events_tx: &Sender<VmEvent>,
+) -> Result<(), VmError> {
+    let VirtioDeviceState::Net(ns) = &state.device else {
+        return Err(refused(format!(
+            "virtio device {} is {}, not the network device",
+            index,
+            state.device.name()
+        )));
+    };
+    let slot = devices.next_virtio_slot("net")?;
+    let backend = NetBackend::restore(
+        ns,
+        net.guest_mac,
+        mem.clone(),
+        slot.irq.clone(),
+        Some(events_tx.clone()),
+    )
+    .map_err(refused)?;
+    let backend = Arc::new(Mutex::new(backend));
+    let kicks = NetKicks::new().map_err(setup("eventfd"))?;
+    let dev = NetDevice::new(backend.clone(), kicks.clone());
+    let transport = restore_transport(dev, mem, &slot, state)?;
+    // A new NAT from this config (nothing of the snapshot creator's); the thread looks at
+    // both queues at once, so buffers the guest posted before the snapshot are used.
+    let nat = new_nat(net)?;
+    kicks.kick_both();
+    let thread = NetThread::new(backend.clone(), nat, kicks, devices.stop_flag());
+    devices.attach_net(slot, transport, backend, thread)?;
+    Ok(())
+}
+
+/// Restores the vsock device from its saved `state`, listening on `path` (the host ends of
+/// saved connections are gone: they are reset).
+fn restore_vsock(
+    devices: &mut Attach<'_>,
+    path: &Path,
+    state: &VirtioSlotState,
+    mem: &GuestMem,
+    events_tx: &Sender<VmEvent>,
+) -> Result<(), VmError> {
+    let VirtioDeviceState::Vsock(bs) = &state.device else {
+        return Err(refused(format!(
+            "the last virtio device is {}, not vsock",
+            state.device.name()
+        )));
+    };
+    let listener = bind_vsock_socket(path)?;
+    let slot = devices.next_virtio_slot("vsock")?;
+    let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(setup("eventfd"))?);
+    // The host ends of saved connections are gone: they are reset.
+    let mut backend = VsockBackend::restore(
+        bs,
+        mem.clone(),
+        slot.irq.clone(),
+        Some(events_tx.clone()),
+        |_| None,
+    )
+    .map_err(refused)?;
+    backend.rearm_guest_ready();
+    let backend = Arc::new(Mutex::new(backend));
+    let dev = VsockDevice::new(backend.clone(), kick.clone());
+    let transport = restore_transport(dev, mem, &slot, state)?;
+    // Let the muxer look at the queues (and send the resets) at once.
+    kick.write(1).map_err(setup("eventfd"))?;
+    devices.attach_vsock(slot, transport, backend, listener, kick)?;
+    Ok(())
 }
 
 /// The transport of a restored `device` (already restored from its own state) in `slot`.

@@ -168,77 +168,7 @@ pub(crate) fn extract(tgz: impl Read, r: &RemoteRef) -> Result<Extracted, String
             .map(|p| p.to_string_lossy())
             .collect::<Vec<_>>()
             .join("/");
-        let mut data: Option<Vec<u8>> = None;
-        for c in cands.iter_mut() {
-            let Some(sub) = rel.strip_prefix(c.prefix.as_str()) else {
-                continue;
-            };
-            if sub.is_empty() || sub.split('/').any(|p| p.starts_with('.')) {
-                continue;
-            }
-            if sub == "SKILL.md" && !kind.is_dir() {
-                c.has_skill_md = true;
-            }
-            if c.problem.is_some() || kind.is_dir() {
-                continue;
-            }
-            if !utf8 {
-                c.problem = Some(format!("`{rel}` has a name that is not UTF-8"));
-                continue;
-            }
-            if !kind.is_file() {
-                c.problem = Some(format!(
-                    "`{rel}` is {}: a skill may hold only regular files and directories",
-                    kind_name(kind)
-                ));
-                continue;
-            }
-            if c.files.contains_key(sub) {
-                c.problem = Some(format!("`{rel}` appears twice in the tarball"));
-                continue;
-            }
-            if c.files.len() >= MAX_FILES {
-                c.problem = Some(format!(
-                    "`{}` has more than {MAX_FILES} files",
-                    c.prefix.trim_end_matches('/')
-                ));
-                continue;
-            }
-            let size = entry.size();
-            if size > MAX_BYTES - c.bytes {
-                c.problem = Some(format!("the skill is more than {MAX_BYTES} bytes"));
-                continue;
-            }
-            let executable =
-                entry.header().mode().map_err(|e| format!("`{rel}`: {e}"))? & 0o111 != 0;
-            let bytes = match &data {
-                Some(d) => d.clone(),
-                None => {
-                    let mut d = Vec::with_capacity(size as usize);
-                    (&mut entry)
-                        .take(size)
-                        .read_to_end(&mut d)
-                        .map_err(|e| format!("reading `{rel}` from the tarball: {e}"))?;
-                    if d.len() as u64 != size {
-                        return Err(format!(
-                            "`{rel}`: {} bytes in the tarball, {size} expected",
-                            d.len()
-                        ));
-                    }
-                    data = Some(d.clone());
-                    d
-                }
-            };
-            c.bytes += size;
-            c.files.insert(
-                sub.to_string(),
-                TreeFile {
-                    path: sub.to_string(),
-                    executable,
-                    data: bytes,
-                },
-            );
-        }
+        offer(&mut cands, &rel, utf8, &mut entry)?;
     }
     let Some(chosen) = cands.into_iter().find(|c| c.has_skill_md) else {
         return Err(match &r.skill {
@@ -263,4 +193,88 @@ pub(crate) fn extract(tgz: impl Read, r: &RemoteRef) -> Result<Extracted, String
         commit,
         files: chosen.files.into_values().collect(),
     })
+}
+
+/// Offers the tarball entry `rel` (`utf8`: its name is UTF-8) to every candidate skill
+/// directory that holds it; its bytes are read once, by the first candidate that keeps it.
+/// A candidate records why it cannot be the skill instead of failing the whole extraction
+/// (another candidate may be the one).
+fn offer<R: Read>(
+    cands: &mut [Candidate],
+    rel: &str,
+    utf8: bool,
+    entry: &mut tar::Entry<'_, R>,
+) -> Result<(), String> {
+    let kind = entry.header().entry_type();
+    let mut data: Option<Vec<u8>> = None;
+    for c in cands.iter_mut() {
+        let Some(sub) = rel.strip_prefix(c.prefix.as_str()) else {
+            continue;
+        };
+        if sub.is_empty() || sub.split('/').any(|p| p.starts_with('.')) {
+            continue;
+        }
+        if sub == "SKILL.md" && !kind.is_dir() {
+            c.has_skill_md = true;
+        }
+        if c.problem.is_some() || kind.is_dir() {
+            continue;
+        }
+        if !utf8 {
+            c.problem = Some(format!("`{rel}` has a name that is not UTF-8"));
+            continue;
+        }
+        if !kind.is_file() {
+            c.problem = Some(format!(
+                "`{rel}` is {}: a skill may hold only regular files and directories",
+                kind_name(kind)
+            ));
+            continue;
+        }
+        if c.files.contains_key(sub) {
+            c.problem = Some(format!("`{rel}` appears twice in the tarball"));
+            continue;
+        }
+        if c.files.len() >= MAX_FILES {
+            c.problem = Some(format!(
+                "`{}` has more than {MAX_FILES} files",
+                c.prefix.trim_end_matches('/')
+            ));
+            continue;
+        }
+        let size = entry.size();
+        if size > MAX_BYTES - c.bytes {
+            c.problem = Some(format!("the skill is more than {MAX_BYTES} bytes"));
+            continue;
+        }
+        let executable = entry.header().mode().map_err(|e| format!("`{rel}`: {e}"))? & 0o111 != 0;
+        let bytes = match &data {
+            Some(d) => d.clone(),
+            None => {
+                let mut d = Vec::with_capacity(size as usize);
+                (&mut *entry)
+                    .take(size)
+                    .read_to_end(&mut d)
+                    .map_err(|e| format!("reading `{rel}` from the tarball: {e}"))?;
+                if d.len() as u64 != size {
+                    return Err(format!(
+                        "`{rel}`: {} bytes in the tarball, {size} expected",
+                        d.len()
+                    ));
+                }
+                data = Some(d.clone());
+                d
+            }
+        };
+        c.bytes += size;
+        c.files.insert(
+            sub.to_string(),
+            TreeFile {
+                path: sub.to_string(),
+                executable,
+                data: bytes,
+            },
+        );
+    }
+    Ok(())
 }

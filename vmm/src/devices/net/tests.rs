@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
-use voidbox_net::{Nat, NatConfig, Policy, DEFAULT_GUEST_MAC, GATEWAY_IP, GATEWAY_MAC, GUEST_IP};
+use voidbox_net::{
+    Nat, NatConfig, NetworkPolicy, DEFAULT_GUEST_MAC, GATEWAY_IP, GATEWAY_MAC, GUEST_IP,
+};
 
 use super::frame::{rx_header, NET_HDR_LEN};
 use super::persist::NetState;
@@ -818,7 +820,7 @@ fn denial_lines_are_cumulative_throttled_and_flushed_at_close() {
 /// asked in these tests (so the host's resolv.conf does not matter).
 fn nat() -> Nat {
     Nat::new(NatConfig {
-        policy: Policy::default(),
+        policy: NetworkPolicy::default(),
         dns_upstreams: vec!["127.0.0.1:53".parse().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
     })
@@ -1160,10 +1162,10 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     let nat = Nat::new(NatConfig {
-        policy: Policy {
+        policy: NetworkPolicy {
             allow_host_ports: vec![port],
             allow: vec!["127.0.0.0/8".parse().unwrap()],
-            ..Policy::default()
+            ..NetworkPolicy::default()
         },
         dns_upstreams: vec![upstream.local_addr().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
