@@ -37,7 +37,7 @@ fn rewrite_manifest(root: &Path, hash: &str, edit: impl FnOnce(&mut Manifest)) {
 }
 
 fn voidbox(root: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_voidbox"))
+    let out = Command::new(env!("CARGO_BIN_EXE_voidbox-under-test"))
         .arg("image")
         .args(args)
         .arg("--cache-dir")
@@ -212,7 +212,7 @@ fn old_layout_images_are_listed_but_never_booted() {
 
 /// `voidbox image ARGS --cache-dir CACHE` with the bundle at `bundle` (`VOIDBOX_BUNDLE_DIR`).
 fn voidbox_bundled(cache: &Path, bundle: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_voidbox"))
+    let out = Command::new(env!("CARGO_BIN_EXE_voidbox-under-test"))
         .arg("image")
         .args(args)
         .arg("--cache-dir")

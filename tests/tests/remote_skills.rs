@@ -412,7 +412,7 @@ fn the_cli_fetches_remote_skills_and_refuses_them_offline_at_their_line() {
     )
     .unwrap();
     let voidbox = |base: &str, args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_voidbox"))
+        let out = Command::new(env!("CARGO_BIN_EXE_voidbox-under-test"))
             .args(args)
             .current_dir(&spec_dir)
             .env("XDG_CACHE_HOME", f.cache())
