@@ -32,9 +32,10 @@ apt_install() {
 # image disks; docker-registry (a real OCI registry), skopeo, umoci, busybox-static and
 # python3 build and serve the OCI fixture images of the registry tests; dnsmasq-base is the
 # real resolver the network tests point the NAT's DNS upstream at; acl (setfacl) grants the
-# release tests' fresh user /dev/kvm.
+# release tests' fresh user /dev/kvm; neovim is the real editor of `voidbox lsp`'s end-to-end
+# test.
 apt_install graphviz gcc libc6-dev erofs-utils fakeroot musl bash-static docker-registry skopeo umoci tmux \
-  busybox-static python3 dnsmasq-base acl
+  busybox-static python3 dnsmasq-base acl neovim
 
 # Arize Phoenix (pinned, in a venv under ~/.cache/voidbox) is the real OTLP receiver of
 # tests/tests/vm_observe.rs; python3-venv creates the venv.

@@ -33,6 +33,9 @@ pub enum Command {
     Graph(GraphArgs),
     /// Print the JSON Schema of the spec language.
     Schema,
+    /// Serve the language server protocol on stdin/stdout (diagnostics as `validate`
+    /// reports them, hover, completion, go-to-definition, symbols) for an editor.
+    Lsp,
     /// Run a spec (`--dry-run` prints the plan without running anything).
     #[command(after_help = apply_after_help())]
     Apply(ApplyArgs),
@@ -240,6 +243,13 @@ pub fn main() -> ExitCode {
         Command::Pull(args) => crate::oci::cli::pull_cmd(&args),
         Command::Oci(cmd) => crate::oci::cli::run_cli(cmd),
         Command::Vmm { args } => crate::sandbox::vmm_process::run_vmm_mode(args),
+        Command::Lsp => match voidbox_lsp::run_stdio(host_facts()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: voidbox lsp: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 

@@ -1,0 +1,244 @@
+//! The server loop: one thread reading requests and notifications in order, documents kept
+//! whole (full sync), diagnostics published after every open and change.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use lsp_server::{Connection, ErrorCode, Message, Notification, Request, Response};
+use lsp_types::notification::{
+    DidChangeTextDocument, DidCloseTextDocument, DidOpenTextDocument, Notification as _,
+    PublishDiagnostics,
+};
+use lsp_types::request::{
+    Completion, DocumentSymbolRequest, GotoDefinition, HoverRequest, Request as _,
+};
+use lsp_types::{
+    CompletionOptions, CompletionParams, CompletionResponse, DocumentSymbolParams,
+    DocumentSymbolResponse, GotoDefinitionParams, GotoDefinitionResponse, HoverParams,
+    HoverProviderCapability, Location, OneOf, PublishDiagnosticsParams, ServerCapabilities,
+    ServerInfo, TextDocumentSyncCapability, TextDocumentSyncKind, Uri,
+};
+use voidbox_spec::validate::HostFacts;
+
+use crate::document::Document;
+use crate::{completion, definition, diagnostics, hover, symbols};
+
+/// What the server announces.
+pub fn capabilities() -> ServerCapabilities {
+    ServerCapabilities {
+        text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
+        hover_provider: Some(HoverProviderCapability::Simple(true)),
+        completion_provider: Some(CompletionOptions {
+            trigger_characters: Some(vec![":".into(), " ".into()]),
+            ..CompletionOptions::default()
+        }),
+        definition_provider: Some(OneOf::Left(true)),
+        document_symbol_provider: Some(OneOf::Left(true)),
+        ..ServerCapabilities::default()
+    }
+}
+
+/// The local path of a `file:` URI (percent-decoded); `None` for other schemes.
+pub fn uri_path(uri: &Uri) -> Option<PathBuf> {
+    let rest = uri.as_str().strip_prefix("file://")?;
+    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = rest.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    use std::os::unix::ffi::OsStringExt;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+}
+
+/// The open documents and what validation may know of the host.
+pub struct Server<'f> {
+    docs: HashMap<String, Document>,
+    facts: HostFacts<'f>,
+}
+
+impl<'f> Server<'f> {
+    /// A server without documents.
+    pub fn new(facts: HostFacts<'f>) -> Self {
+        Server {
+            docs: HashMap::new(),
+            facts,
+        }
+    }
+
+    /// Serves `conn` until the client shuts down; `conn` must be initialized already.
+    pub fn run(&mut self, conn: &Connection) -> Result<(), Box<dyn std::error::Error>> {
+        for msg in &conn.receiver {
+            match msg {
+                Message::Request(req) => {
+                    if conn.handle_shutdown(&req)? {
+                        return Ok(());
+                    }
+                    let resp = self.request(req);
+                    conn.sender.send(Message::Response(resp))?;
+                }
+                Message::Notification(n) => {
+                    if let Some(uri) = self.notification(n) {
+                        self.publish(conn, &uri)?;
+                    }
+                }
+                Message::Response(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the diagnostics of the document at `uri` (none once it is closed).
+    fn publish(&self, conn: &Connection, uri: &Uri) -> Result<(), Box<dyn std::error::Error>> {
+        let (diagnostics, version) = match self.docs.get(uri.as_str()) {
+            Some(doc) => {
+                let path = uri_path(uri);
+                let name = path
+                    .as_ref()
+                    .map_or_else(|| uri.as_str().to_string(), |p| p.display().to_string());
+                let base = path
+                    .as_ref()
+                    .and_then(|p| p.parent().map(PathBuf::from))
+                    .unwrap_or_else(|| PathBuf::from("."));
+                (
+                    diagnostics::of(uri, &name, doc, &base, self.facts),
+                    Some(doc.version),
+                )
+            }
+            None => (Vec::new(), None),
+        };
+        let params = PublishDiagnosticsParams {
+            uri: uri.clone(),
+            diagnostics,
+            version,
+        };
+        conn.sender.send(Message::Notification(Notification::new(
+            PublishDiagnostics::METHOD.to_string(),
+            params,
+        )))?;
+        Ok(())
+    }
+
+    /// Applies a notification; the URI whose diagnostics changed, if any.
+    fn notification(&mut self, n: Notification) -> Option<Uri> {
+        match n.method.as_str() {
+            DidOpenTextDocument::METHOD => {
+                let p: lsp_types::DidOpenTextDocumentParams =
+                    serde_json::from_value(n.params).ok()?;
+                let doc = Document::new(p.text_document.text, p.text_document.version);
+                self.docs
+                    .insert(p.text_document.uri.as_str().to_string(), doc);
+                Some(p.text_document.uri)
+            }
+            DidChangeTextDocument::METHOD => {
+                let p: lsp_types::DidChangeTextDocumentParams =
+                    serde_json::from_value(n.params).ok()?;
+                // Full sync: the last change holds the whole text.
+                let text = p.content_changes.into_iter().last()?.text;
+                let doc = Document::new(text, p.text_document.version);
+                self.docs
+                    .insert(p.text_document.uri.as_str().to_string(), doc);
+                Some(p.text_document.uri)
+            }
+            DidCloseTextDocument::METHOD => {
+                let p: lsp_types::DidCloseTextDocumentParams =
+                    serde_json::from_value(n.params).ok()?;
+                self.docs.remove(p.text_document.uri.as_str());
+                Some(p.text_document.uri)
+            }
+            _ => None,
+        }
+    }
+
+    fn request(&self, req: Request) -> Response {
+        let id = req.id.clone();
+        let result = match req.method.as_str() {
+            HoverRequest::METHOD => self.params(req).map(|p: HoverParams| {
+                let pos = p.text_document_position_params;
+                self.doc(&pos.text_document.uri)
+                    .and_then(|d| hover::at(d, d.offset(pos.position)))
+                    .map_or(serde_json::Value::Null, |h| json(&h))
+            }),
+            Completion::METHOD => self.params(req).map(|p: CompletionParams| {
+                let pos = p.text_document_position;
+                let items = self.doc(&pos.text_document.uri).map_or_else(Vec::new, |d| {
+                    let line = pos.position.line as usize;
+                    let start = d.offset(lsp_types::Position::new(pos.position.line, 0));
+                    completion::at(d, line, d.offset(pos.position) - start)
+                });
+                json(&CompletionResponse::Array(items))
+            }),
+            GotoDefinition::METHOD => self.params(req).map(|p: GotoDefinitionParams| {
+                let pos = p.text_document_position_params;
+                let uri = pos.text_document.uri;
+                self.doc(&uri)
+                    .and_then(|d| {
+                        let root = voidbox_spec::yaml::parse(&d.text).ok()?;
+                        let span = definition::at(&root, d.offset(pos.position))?;
+                        Some(GotoDefinitionResponse::Scalar(Location::new(
+                            uri.clone(),
+                            d.range(span),
+                        )))
+                    })
+                    .map_or(serde_json::Value::Null, |r| json(&r))
+            }),
+            DocumentSymbolRequest::METHOD => self.params(req).map(|p: DocumentSymbolParams| {
+                self.doc(&p.text_document.uri)
+                    .and_then(|d| {
+                        let root = voidbox_spec::yaml::parse(&d.text).ok()?;
+                        Some(DocumentSymbolResponse::Nested(symbols::of(d, &root)))
+                    })
+                    .map_or(serde_json::Value::Null, |r| json(&r))
+            }),
+            other => Err(Box::new(Response::new_err(
+                id.clone(),
+                ErrorCode::MethodNotFound as i32,
+                format!("voidbox lsp does not serve `{other}`"),
+            ))),
+        };
+        match result {
+            Ok(v) => Response::new_ok(id, v),
+            Err(e) => *e,
+        }
+    }
+
+    fn doc(&self, uri: &Uri) -> Option<&Document> {
+        self.docs.get(uri.as_str())
+    }
+
+    fn params<P: serde::de::DeserializeOwned>(&self, req: Request) -> Result<P, Box<Response>> {
+        serde_json::from_value(req.params).map_err(|e| {
+            Box::new(Response::new_err(
+                req.id,
+                ErrorCode::InvalidParams as i32,
+                format!("invalid parameters: {e}"),
+            ))
+        })
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// Initializes `conn` (announcing [`capabilities`]) and serves it until shutdown.
+pub fn serve(conn: &Connection, facts: HostFacts<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    let init = lsp_types::InitializeResult {
+        capabilities: capabilities(),
+        server_info: Some(ServerInfo {
+            name: "voidbox".into(),
+            version: Some(env!("CARGO_PKG_VERSION").into()),
+        }),
+    };
+    let (id, _params) = conn.initialize_start()?;
+    conn.initialize_finish(id, json(&init))?;
+    Server::new(facts).run(conn)
+}
