@@ -19,7 +19,7 @@ fn spec(i: usize) -> String {
         3 | 4 => format!(
             "api_version: v1\nkind: workflow\nname: wf{i}\nworkflow:\n  steps:\n    - {{name: fetch, run: {{program: sh, args: [-c, 'seq 10']}}}}\n    - {{name: count, depends_on: [fetch], stdin_from: fetch, run: {{program: wc, args: [-l]}}}}\n    - {{name: sum, depends_on: [fetch], run: {{program: awk, args: ['{{s+=$1}} END {{print s}}']}}}}\n    - {{name: report, depends_on: [count, sum], run: {{program: cat}}}}\n  output_step: report\n"
         ),
-        5 => format!("kind: agent\nname: ag{i}\nllm: {{provider: mock}}\nagent:\n  prompt: 'Summarise the input.'\n  skills: ['cli:jq', 'mcp:github', 'remote:obra/superpowers/brainstorming']\n  timeout_secs: 60\n"),
+        5 => format!("kind: agent\nname: ag{i}\nllm: {{provider: mock}}\nagent:\n  prompt: 'Summarise the input.'\n  skills: ['cli:awk', 'mcp:github', 'remote:obra/superpowers/brainstorming']\n  timeout_secs: 60\n"),
         _ => format!(
             "# yaml-language-server: $schema=../schemas/voidbox.schema.json\napi_version: v1\nkind: pipeline\nname: p{i}\nsandbox:\n  memory_mb: 256\n  vcpus: 1\n  env: {{LOG_LEVEL: info}}\npipeline:\n  boxes:\n    - name: seed\n      run: {{program: sh, args: [-c, 'echo 1']}}\n    - name: a\n      run: {{program: cat}}\n      timeout_secs: 30\n    - name: b\n      prompt: 'Analyse.'\n      retries: 2\n    - name: c\n      run: {{program: wc, args: [-c]}}\n    - name: collect\n      run: {{program: cat}}\n  stages:\n    - {{type: box, name: seed}}\n    - {{type: fan_out, boxes: [a, b, c]}}\n    - {{type: box, name: collect}}\n"
         ),

@@ -503,26 +503,7 @@ impl Connection {
     fn dispatch(&mut self, msg: Message) {
         let id = msg.id();
         match msg {
-            Message::Ping(ping) => match self.agent.authenticate(Message::Ping(ping)) {
-                Ok(ping) => match ping.policy.as_ref().map(|p| self.agent.narrow_policy(p)) {
-                    Some(Err(e)) => {
-                        crate::log!("refused a handshake policy: {e}");
-                        self.writer.error(
-                            id,
-                            ErrorCode::InvalidRequest,
-                            format!("policy refused: {e}"),
-                        );
-                    }
-                    _ => {
-                        let _ = self
-                            .writer
-                            .send(&Message::Pong(Pong::new(id, self.agent.guest_info())));
-                    }
-                },
-                Err(rejected) => {
-                    let _ = self.writer.send(&rejected.1);
-                }
-            },
+            Message::Ping(ping) => self.ping(id, ping),
             // Like every request, only reached on an authenticated connection; this one
             // stays authenticated, later ones must present the new secret.
             Message::Rekey(r) => match self.agent.rekey(r) {
@@ -535,163 +516,23 @@ impl Connection {
                 }
             },
             Message::ExecRequest(req) => self.exec(req),
-            Message::ExecStdin(s) => {
-                let tx = lock(&self.running).get_mut(&id).and_then(|r| {
-                    if s.eof {
-                        r.stdin.take()
-                    } else {
-                        r.stdin.clone()
-                    }
-                });
-                match tx {
-                    // Blocks when the child is not reading: backpressure on the host.
-                    Some(tx) => {
-                        let _ = tx.send(StdinChunk {
-                            data: s.data,
-                            eof: s.eof,
-                        });
-                    }
-                    None => self.writer.error(
-                        id,
-                        ErrorCode::NoSuchRequest,
-                        format!("no exec {id} with streamed stdin"),
-                    ),
-                }
-            }
-            Message::ExecSignal(sig) => {
-                let slot = lock(&self.running).get(&id).and_then(|r| r.slot.clone());
-                match slot {
-                    Some(_) if !(1..=64).contains(&sig.signal) => self.writer.error(
-                        id,
-                        ErrorCode::InvalidRequest,
-                        format!("invalid signal {}", sig.signal),
-                    ),
-                    Some(slot) => {
-                        slot.signal_group(sig.signal);
-                    }
-                    None => self.writer.error(
-                        id,
-                        ErrorCode::NoSuchRequest,
-                        format!("no running exec {id}"),
-                    ),
-                }
-            }
+            Message::ExecStdin(s) => self.exec_stdin(id, s),
+            Message::ExecSignal(sig) => self.exec_signal(id, sig),
             Message::WriteFile(w) => self.write_file(w),
             Message::FileChunk(c) => self.file_chunk(c),
-            Message::ReadFile(r) => {
-                if !self.register(id, Running::default()) {
-                    return;
-                }
-                let (agent, writer, running) = (
-                    Arc::clone(&self.agent),
-                    Arc::clone(&self.writer),
-                    Arc::clone(&self.running),
-                );
-                self.spawn_worker(id, "read-file", move || {
-                    let chunk = r.chunk_size.map_or(FILE_CHUNK_SIZE, |c| c as usize);
-                    let res = agent.roots.read_chunks(
-                        &r.path,
-                        r.offset,
-                        r.max_len,
-                        chunk,
-                        |offset, data, last| {
-                            writer.send(&Message::FileChunk(FileChunk {
-                                id,
-                                offset,
-                                last,
-                                data: data.to_vec(),
-                            }))
-                        },
-                    );
-                    if let Err(e) = res {
-                        writer.error(id, e.code, e.message);
-                    }
-                    lock(&running).remove(&id);
-                });
-            }
+            Message::ReadFile(r) => self.read_file(id, r),
             Message::MkdirP(m) => match self.agent.roots.mkdir_p(&m.path, m.mode) {
                 Ok(()) => {
                     let _ = self.writer.send(&Message::Ack(Ack { id }));
                 }
                 Err(e) => self.writer.error(id, e.code, e.message),
             },
-            Message::FileStat(f) => match self.agent.roots.stat(&f.path) {
-                Ok(st) => {
-                    let _ = self
-                        .writer
-                        .send(&Message::FileStatResponse(FileStatResponse {
-                            id,
-                            kind: st.kind,
-                            size: st.size,
-                            mode: st.mode,
-                            uid: st.uid,
-                            gid: st.gid,
-                            mtime_secs: st.mtime_secs,
-                        }));
-                }
-                Err(e) => self.writer.error(id, e.code, e.message),
-            },
-            Message::ListDir(l) => {
-                match self
-                    .agent
-                    .roots
-                    .list_dir(&l.path, voidbox_protocol::MAX_DIR_ENTRIES)
-                {
-                    Ok((entries, truncated)) => {
-                        let _ =
-                            self.writer
-                                .send(&Message::DirListing(voidbox_protocol::DirListing {
-                                    id,
-                                    entries,
-                                    truncated,
-                                }));
-                    }
-                    Err(e) => self.writer.error(id, e.code, e.message),
-                }
-            }
-            Message::MountShare(m) => {
-                let user = self
-                    .agent
-                    .cfg
-                    .exec_env
-                    .creds
-                    .unwrap_or(crate::spawn::SANDBOX);
-                let root = &self.agent.cfg.exec_env.root;
-                match crate::shares::mount(&m, root, user, self.agent.cfg.is_init) {
-                    Ok(()) => {
-                        let _ = self.writer.send(&Message::Ack(Ack { id }));
-                    }
-                    Err(e) => self.writer.error(id, e.code, e.message),
-                }
-            }
+            Message::FileStat(f) => self.file_stat(id, f),
+            Message::ListDir(l) => self.list_dir(id, l),
+            Message::MountShare(m) => self.mount_share(id, m),
             Message::PtyOpen(p) => self.pty_open(p),
-            Message::PtyData(d) => {
-                let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
-                match h.map(|h| h.input(d.data)) {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => self.writer.error(id, ErrorCode::ResourceLimit, e),
-                    None => self.writer.error(
-                        id,
-                        ErrorCode::NoSuchRequest,
-                        format!("no pty session {id}"),
-                    ),
-                }
-            }
-            Message::PtyResize(r) => {
-                let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
-                match h {
-                    Some(h) => {
-                        if let Err(e) = h.resize(r.rows, r.cols) {
-                            self.writer.error(id, ErrorCode::Io, format!("resize: {e}"));
-                        }
-                    }
-                    None => self.writer.error(
-                        id,
-                        ErrorCode::NoSuchRequest,
-                        format!("no pty session {id}"),
-                    ),
-                }
-            }
+            Message::PtyData(d) => self.pty_data(id, d),
+            Message::PtyResize(r) => self.pty_resize(id, r),
             Message::PtyClose(_) => {
                 let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
                 match h {
@@ -718,6 +559,184 @@ impl Connection {
                 ErrorCode::InvalidRequest,
                 format!("{} is not a request the guest serves", other.message_type()),
             ),
+        }
+    }
+
+    /// A `Ping` after connecting: authentication, and the handshake's policy narrowing.
+    fn ping(&mut self, id: RequestId, ping: Ping) {
+        match self.agent.authenticate(Message::Ping(ping)) {
+            Ok(ping) => match ping.policy.as_ref().map(|p| self.agent.narrow_policy(p)) {
+                Some(Err(e)) => {
+                    crate::log!("refused a handshake policy: {e}");
+                    self.writer.error(
+                        id,
+                        ErrorCode::InvalidRequest,
+                        format!("policy refused: {e}"),
+                    );
+                }
+                _ => {
+                    let _ = self
+                        .writer
+                        .send(&Message::Pong(Pong::new(id, self.agent.guest_info())));
+                }
+            },
+            Err(rejected) => {
+                let _ = self.writer.send(&rejected.1);
+            }
+        }
+    }
+    /// Streamed stdin for a running exec (blocks while the child is not reading: backpressure on the host).
+    fn exec_stdin(&mut self, id: RequestId, s: voidbox_protocol::ExecStdin) {
+        let tx = lock(&self.running).get_mut(&id).and_then(|r| {
+            if s.eof {
+                r.stdin.take()
+            } else {
+                r.stdin.clone()
+            }
+        });
+        match tx {
+            // Blocks when the child is not reading: backpressure on the host.
+            Some(tx) => {
+                let _ = tx.send(StdinChunk {
+                    data: s.data,
+                    eof: s.eof,
+                });
+            }
+            None => self.writer.error(
+                id,
+                ErrorCode::NoSuchRequest,
+                format!("no exec {id} with streamed stdin"),
+            ),
+        }
+    }
+    /// A signal for a running exec's process group.
+    fn exec_signal(&mut self, id: RequestId, sig: voidbox_protocol::ExecSignal) {
+        let slot = lock(&self.running).get(&id).and_then(|r| r.slot.clone());
+        match slot {
+            Some(_) if !(1..=64).contains(&sig.signal) => self.writer.error(
+                id,
+                ErrorCode::InvalidRequest,
+                format!("invalid signal {}", sig.signal),
+            ),
+            Some(slot) => {
+                slot.signal_group(sig.signal);
+            }
+            None => self.writer.error(
+                id,
+                ErrorCode::NoSuchRequest,
+                format!("no running exec {id}"),
+            ),
+        }
+    }
+    /// A file read in chunks on a worker thread.
+    fn read_file(&mut self, id: RequestId, r: voidbox_protocol::ReadFile) {
+        if !self.register(id, Running::default()) {
+            return;
+        }
+        let (agent, writer, running) = (
+            Arc::clone(&self.agent),
+            Arc::clone(&self.writer),
+            Arc::clone(&self.running),
+        );
+        self.spawn_worker(id, "read-file", move || {
+            let chunk = r.chunk_size.map_or(FILE_CHUNK_SIZE, |c| c as usize);
+            let res = agent.roots.read_chunks(
+                &r.path,
+                r.offset,
+                r.max_len,
+                chunk,
+                |offset, data, last| {
+                    writer.send(&Message::FileChunk(FileChunk {
+                        id,
+                        offset,
+                        last,
+                        data: data.to_vec(),
+                    }))
+                },
+            );
+            if let Err(e) = res {
+                writer.error(id, e.code, e.message);
+            }
+            lock(&running).remove(&id);
+        });
+    }
+    /// `stat` of a path under the file roots.
+    fn file_stat(&mut self, id: RequestId, f: voidbox_protocol::FileStat) {
+        match self.agent.roots.stat(&f.path) {
+            Ok(st) => {
+                let _ = self
+                    .writer
+                    .send(&Message::FileStatResponse(FileStatResponse {
+                        id,
+                        kind: st.kind,
+                        size: st.size,
+                        mode: st.mode,
+                        uid: st.uid,
+                        gid: st.gid,
+                        mtime_secs: st.mtime_secs,
+                    }));
+            }
+            Err(e) => self.writer.error(id, e.code, e.message),
+        }
+    }
+    /// A directory listing under the file roots (bounded).
+    fn list_dir(&mut self, id: RequestId, l: voidbox_protocol::ListDir) {
+        match self
+            .agent
+            .roots
+            .list_dir(&l.path, voidbox_protocol::MAX_DIR_ENTRIES)
+        {
+            Ok((entries, truncated)) => {
+                let _ = self
+                    .writer
+                    .send(&Message::DirListing(voidbox_protocol::DirListing {
+                        id,
+                        entries,
+                        truncated,
+                    }));
+            }
+            Err(e) => self.writer.error(id, e.code, e.message),
+        }
+    }
+    /// A host share mounted in the guest.
+    fn mount_share(&mut self, id: RequestId, m: voidbox_protocol::MountShare) {
+        let user = self
+            .agent
+            .cfg
+            .exec_env
+            .creds
+            .unwrap_or(crate::spawn::SANDBOX);
+        let root = &self.agent.cfg.exec_env.root;
+        match crate::shares::mount(&m, root, user, self.agent.cfg.is_init) {
+            Ok(()) => {
+                let _ = self.writer.send(&Message::Ack(Ack { id }));
+            }
+            Err(e) => self.writer.error(id, e.code, e.message),
+        }
+    }
+    /// Input for a PTY session.
+    fn pty_data(&mut self, id: RequestId, d: voidbox_protocol::PtyData) {
+        let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
+        match h.map(|h| h.input(d.data)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => self.writer.error(id, ErrorCode::ResourceLimit, e),
+            None => self
+                .writer
+                .error(id, ErrorCode::NoSuchRequest, format!("no pty session {id}")),
+        }
+    }
+    /// A PTY session's new window size.
+    fn pty_resize(&mut self, id: RequestId, r: voidbox_protocol::PtyResize) {
+        let h = lock(&self.running).get(&id).and_then(|r| r.pty.clone());
+        match h {
+            Some(h) => {
+                if let Err(e) = h.resize(r.rows, r.cols) {
+                    self.writer.error(id, ErrorCode::Io, format!("resize: {e}"));
+                }
+            }
+            None => self
+                .writer
+                .error(id, ErrorCode::NoSuchRequest, format!("no pty session {id}")),
         }
     }
 

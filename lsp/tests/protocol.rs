@@ -216,6 +216,15 @@ fn diagnostics_are_validate_s_on_open_and_after_each_edit() {
     assert_eq!(c.diagnostics()["diagnostics"], json!([]));
 }
 
+/// Field `key` of each element of the array `v`.
+fn strings<'a>(v: &'a Value, key: &str) -> Vec<&'a str> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x[key].as_str().unwrap())
+        .collect()
+}
+
 #[test]
 fn hover_completion_definition_and_symbols() {
     let mut c = Client::start();
@@ -267,23 +276,13 @@ fn hover_completion_definition_and_symbols() {
         "textDocument/completion",
         json!({"textDocument": {"uri": uri}, "position": {"line": 6, "character": 8}}),
     );
-    let labels: Vec<&str> = items
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["label"].as_str().unwrap())
-        .collect();
+    let labels = strings(&items, "label");
     assert_eq!(labels, ["timeout_secs"]);
     let items = c.request(
         "textDocument/completion",
         json!({"textDocument": {"uri": uri}, "position": {"line": 7, "character": 12}}),
     );
-    let labels: Vec<&str> = items
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["label"].as_str().unwrap())
-        .collect();
+    let labels = strings(&items, "label");
     assert!(
         labels.contains(&"fail_fast") && labels.contains(&"continue"),
         "{labels:?}"
@@ -295,19 +294,9 @@ fn hover_completion_definition_and_symbols() {
         "textDocument/documentSymbol",
         json!({"textDocument": {"uri": uri}}),
     );
-    let top: Vec<&str> = s
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap())
-        .collect();
+    let top = strings(&s, "name");
     assert_eq!(top, ["api_version", "kind", "name", "pipeline"]);
-    let inner: Vec<&str> = s[3]["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap())
-        .collect();
+    let inner = strings(&s[3]["children"], "name");
     assert_eq!(inner, ["seed", "count", "1: box seed", "2: box cuont"]);
     // An unknown request is an error, not silence.
     let id = c.send_request("textDocument/formatting", json!({}));

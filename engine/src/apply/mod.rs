@@ -229,26 +229,8 @@ fn apply_prepared(
         }
     };
     let mut node_vms = node_vms;
-    if runtime::needs_runtimes(&endpoints) {
-        // The real runtimes come on their own read-only disk (fetched from npm once).
-        let disk = match crate::runtimes::ensure(&mut |l| eprintln!("runtimes: {l}")) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return e.exit_code();
-            }
-        };
-        for (name, e) in &endpoints {
-            if e.runtime == crate::providers::Runtime::Mock {
-                continue;
-            }
-            let vm = node_vms.entry(name.clone()).or_default();
-            vm.disks.images.push(disk.image_disk());
-            if let Err(e) = vm.disks.check() {
-                eprintln!("error: node `{name}`: {e}");
-                return 3;
-            }
-        }
+    if let Err(code) = attach_runtimes(&endpoints, &mut node_vms) {
+        return code;
     }
     let logs_dir = opts
         .logs_dir
@@ -338,6 +320,33 @@ fn apply_prepared(
         o.end_run(&plan, &result, code);
     }
     code
+}
+
+/// The runtimes disk (the real agent CLIs, fetched from npm once) on every agent node that
+/// runs a real runtime; the exit code when it cannot be had or does not fit a VM.
+fn attach_runtimes(
+    endpoints: &std::collections::HashMap<String, crate::providers::Endpoint>,
+    node_vms: &mut std::collections::HashMap<String, images::NodeVm>,
+) -> Result<(), u8> {
+    if !runtime::needs_runtimes(endpoints) {
+        return Ok(());
+    }
+    let disk = crate::runtimes::ensure(&mut |l| eprintln!("runtimes: {l}")).map_err(|e| {
+        eprintln!("error: {e}");
+        e.exit_code()
+    })?;
+    for (name, e) in endpoints {
+        if e.runtime == crate::providers::Runtime::Mock {
+            continue;
+        }
+        let vm = node_vms.entry(name.clone()).or_default();
+        vm.disks.images.push(disk.image_disk());
+        if let Err(e) = vm.disks.check() {
+            eprintln!("error: node `{name}`: {e}");
+            return Err(3);
+        }
+    }
+    Ok(())
 }
 
 /// Runs the scheduler on a fresh tokio runtime; SIGINT / SIGTERM abort the run.

@@ -683,27 +683,7 @@ async fn download(
     let mut manifest: Option<Manifest> = None;
     for (kind, desc) in LAYERS.iter().zip(&layers) {
         if let Some(m) = &manifest {
-            let recorded = m.artifacts().into_iter().find(|a| a.file == kind.file);
-            match recorded {
-                Some(a) if format!("sha256:{}", a.sha256) == desc.digest && a.size == desc.size => {
-                }
-                Some(a) => {
-                    return Err(refused(
-                        reference,
-                        format!(
-                            "layer {} is {} ({} bytes) but the image's manifest.json records \
-                             sha256:{} ({} bytes)",
-                            kind.file, desc.digest, desc.size, a.sha256, a.size
-                        ),
-                    ))
-                }
-                None => {
-                    return Err(refused(
-                        reference,
-                        format!("the image's manifest.json records no {}", kind.file),
-                    ))
-                }
-            }
+            check_recorded(reference, m, kind, desc)?;
             log(&format!(
                 "  {} ({})",
                 kind.file,
@@ -716,51 +696,7 @@ async fn download(
             .await
             .map_err(err)?;
         if kind.file == MANIFEST_FILE {
-            let text = fs::read_to_string(&dest).map_err(ImageError::io(&dest))?;
-            let m = Manifest::parse(&text)
-                .map_err(|e| refused(reference, format!("the image's manifest.json: {e}")))?;
-            if m.hash != config.hash || m.profile != config.profile {
-                return Err(refused(
-                    reference,
-                    format!(
-                        "config blob says image {} ({}), its manifest.json says {} ({})",
-                        config.hash, config.profile, m.hash, m.profile
-                    ),
-                ));
-            }
-            if let Some(h) = artifact.annotations.get(HASH_ANNOTATION) {
-                if h != &m.hash {
-                    return Err(refused(
-                        reference,
-                        format!(
-                            "annotation {HASH_ANNOTATION} is {h}, manifest.json says {}",
-                            m.hash
-                        ),
-                    ));
-                }
-            }
-            let files: Vec<&str> = m.artifacts().iter().map(|a| a.file.as_str()).collect();
-            let expected: Vec<&str> = LAYERS
-                .iter()
-                .map(|k| k.file)
-                .filter(|f| *f != MANIFEST_FILE)
-                .collect();
-            if !m.is_current_layout() || files != expected {
-                return Err(refused(
-                    reference,
-                    format!(
-                        "the image's manifest.json records {} (expected {})",
-                        files.join(", "),
-                        expected.join(", ")
-                    ),
-                ));
-            }
-            let probe = CachedImage {
-                dir: PathBuf::new(),
-                manifest: m.clone(),
-            };
-            usable(reference, &probe)?;
-            manifest = Some(m);
+            manifest = Some(check_pulled_manifest(reference, &dest, &config, &artifact)?);
         }
     }
     let Some(manifest) = manifest else {
@@ -800,6 +736,86 @@ async fn download(
         dir: dest,
         manifest: installed,
     })
+}
+
+/// Layer `kind` is the artifact `m` records for it (digest and size).
+fn check_recorded(
+    reference: &str,
+    m: &Manifest,
+    kind: &LayerKind,
+    desc: &Descriptor,
+) -> Result<(), ImageError> {
+    let recorded = m.artifacts().into_iter().find(|a| a.file == kind.file);
+    match recorded {
+        Some(a) if format!("sha256:{}", a.sha256) == desc.digest && a.size == desc.size => Ok(()),
+        Some(a) => Err(refused(
+            reference,
+            format!(
+                "layer {} is {} ({} bytes) but the image's manifest.json records \
+                 sha256:{} ({} bytes)",
+                kind.file, desc.digest, desc.size, a.sha256, a.size
+            ),
+        )),
+        None => Err(refused(
+            reference,
+            format!("the image's manifest.json records no {}", kind.file),
+        )),
+    }
+}
+
+/// The pulled `manifest.json` at `dest`, checked against the artifact's config blob and
+/// annotations, today's layout and this voidbox's recipe.
+fn check_pulled_manifest(
+    reference: &str,
+    dest: &Path,
+    config: &GuestImageConfig,
+    artifact: &ArtifactManifest,
+) -> Result<Manifest, ImageError> {
+    let text = fs::read_to_string(dest).map_err(ImageError::io(dest))?;
+    let m = Manifest::parse(&text)
+        .map_err(|e| refused(reference, format!("the image's manifest.json: {e}")))?;
+    if m.hash != config.hash || m.profile != config.profile {
+        return Err(refused(
+            reference,
+            format!(
+                "config blob says image {} ({}), its manifest.json says {} ({})",
+                config.hash, config.profile, m.hash, m.profile
+            ),
+        ));
+    }
+    if let Some(h) = artifact.annotations.get(HASH_ANNOTATION) {
+        if h != &m.hash {
+            return Err(refused(
+                reference,
+                format!(
+                    "annotation {HASH_ANNOTATION} is {h}, manifest.json says {}",
+                    m.hash
+                ),
+            ));
+        }
+    }
+    let files: Vec<&str> = m.artifacts().iter().map(|a| a.file.as_str()).collect();
+    let expected: Vec<&str> = LAYERS
+        .iter()
+        .map(|k| k.file)
+        .filter(|f| *f != MANIFEST_FILE)
+        .collect();
+    if !m.is_current_layout() || files != expected {
+        return Err(refused(
+            reference,
+            format!(
+                "the image's manifest.json records {} (expected {})",
+                files.join(", "),
+                expected.join(", ")
+            ),
+        ));
+    }
+    let probe = CachedImage {
+        dir: PathBuf::new(),
+        manifest: m.clone(),
+    };
+    usable(reference, &probe)?;
+    Ok(m)
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), ImageError> {
