@@ -65,25 +65,6 @@ const _: () = assert!(
 );
 
 #[cfg(test)]
-pub(crate) mod testing {
-    //! Helpers of the engine's unit tests.
-
-    use std::path::Path;
-
-    use crate::plan::Plan;
-
-    /// Validates the spec text `src` and compiles it (host paths against `/specs`),
-    /// panicking with the diagnostics when it is invalid.
-    pub(crate) fn compile_for_test(src: &str) -> Plan {
-        let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));
-        let spec = v
-            .spec
-            .unwrap_or_else(|| panic!("{:?}", v.report.diagnostics));
-        Plan::compile(&spec, Path::new("/specs")).expect("compiles")
-    }
-}
-
-#[cfg(test)]
 mod tests {
     /// `validate` refuses exactly the image references a pull refuses, for the same reason:
     /// `voidbox-spec` checks them without linking the OCI client.

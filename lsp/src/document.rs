@@ -1,8 +1,11 @@
 //! An open document: its text, its version, and the conversion between byte offsets (what
 //! `voidbox-spec` spans hold) and LSP positions (line and UTF-16 code unit).
 
+use std::sync::OnceLock;
+
 use lsp_types::{Position, Range};
 use voidbox_spec::diagnostic::Span;
+use voidbox_spec::yaml::Node;
 
 /// One open text document.
 #[derive(Debug, Clone)]
@@ -13,6 +16,8 @@ pub struct Document {
     pub version: i32,
     /// Byte offset where each line starts.
     line_starts: Vec<usize>,
+    /// The text parsed, once, by the first request that needs it (`None`: it does not parse).
+    root: OnceLock<Option<Node>>,
 }
 
 impl Document {
@@ -24,7 +29,15 @@ impl Document {
             text,
             version,
             line_starts,
+            root: OnceLock::new(),
         }
+    }
+
+    /// The YAML tree with spans, parsed once per version; `None` while it does not parse.
+    pub fn root(&self) -> Option<&Node> {
+        self.root
+            .get_or_init(|| voidbox_spec::yaml::parse(&self.text).ok())
+            .as_ref()
     }
 
     /// The LSP position of byte `offset` (clamped to the text, and to a character boundary).

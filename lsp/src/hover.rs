@@ -26,8 +26,7 @@ pub fn dotted(path: &[Seg]) -> String {
 
 /// The hover at byte `offset`: for the key under the cursor, or the key whose value it is.
 pub fn at(doc: &Document, offset: usize) -> Option<Hover> {
-    let root = voidbox_spec::yaml::parse(&doc.text).ok()?;
-    let hit = path::at_offset(&root, offset)?;
+    let hit = path::at_offset(doc.root()?, offset)?;
     let mut p = hit.path.clone();
     // A value inside a list (`boxes: [a, b]`): the list's field.
     while matches!(p.last(), Some(Seg::Item(_))) && !hit.on_key {

@@ -130,7 +130,7 @@ fn key_of(text: &str) -> Option<String> {
 }
 
 /// The path of the mapping whose keys start at column `col`, from the lines above `line_no`
-/// (`in_item`: the mapping is a sequence item whose marker is on line `line_no`).
+/// (`seq_owner`: `col` is a sequence's column, whose owner may be a key at that same column).
 fn parents(lines: &[&str], line_no: usize, mut col: usize, mut seq_owner: bool) -> Vec<Seg> {
     let mut rev = Vec::new();
     for l in (0..line_no).rev() {

@@ -38,25 +38,20 @@ pub fn capabilities() -> ServerCapabilities {
     }
 }
 
-/// The local path of a `file:` URI (percent-decoded); `None` for other schemes.
+/// The local path of a `file:` URI (its path percent-decoded by the URI parser lsp-types
+/// uses); `None` for other schemes and for a file on another host.
 pub fn uri_path(uri: &Uri) -> Option<PathBuf> {
-    let rest = uri.as_str().strip_prefix("file://")?;
-    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
-    let bytes = rest.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = rest.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
+    use std::os::unix::ffi::OsStringExt;
+    if !uri.scheme()?.as_str().eq_ignore_ascii_case("file") {
+        return None;
+    }
+    if let Some(host) = uri.authority().map(|a| a.as_str()) {
+        if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
+            return None;
         }
     }
-    use std::os::unix::ffi::OsStringExt;
-    Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+    let bytes = uri.path().as_estr().decode().into_bytes().into_owned();
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
 /// The open documents and what validation may know of the host.
@@ -181,8 +176,7 @@ impl<'f> Server<'f> {
                 let uri = pos.text_document.uri;
                 self.doc(&uri)
                     .and_then(|d| {
-                        let root = voidbox_spec::yaml::parse(&d.text).ok()?;
-                        let span = definition::at(&root, d.offset(pos.position))?;
+                        let span = definition::at(d.root()?, d.offset(pos.position))?;
                         Some(GotoDefinitionResponse::Scalar(Location::new(
                             uri.clone(),
                             d.range(span),
@@ -192,10 +186,7 @@ impl<'f> Server<'f> {
             }),
             DocumentSymbolRequest::METHOD => self.params(req).map(|p: DocumentSymbolParams| {
                 self.doc(&p.text_document.uri)
-                    .and_then(|d| {
-                        let root = voidbox_spec::yaml::parse(&d.text).ok()?;
-                        Some(DocumentSymbolResponse::Nested(symbols::of(d, &root)))
-                    })
+                    .and_then(|d| Some(DocumentSymbolResponse::Nested(symbols::of(d, d.root()?))))
                     .map_or(serde_json::Value::Null, |r| json(&r))
             }),
             other => Err(Box::new(Response::new_err(
@@ -241,4 +232,24 @@ pub fn serve(conn: &Connection, facts: HostFacts<'_>) -> Result<(), Box<dyn std:
     let (id, _params) = conn.initialize_start()?;
     conn.initialize_finish(id, json(&init))?;
     Server::new(facts).run(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(uri: &str) -> Option<PathBuf> {
+        uri_path(&uri.parse().unwrap())
+    }
+
+    #[test]
+    fn file_uris_become_local_paths() {
+        assert_eq!(
+            path("file:///specs/a%20b.yaml"),
+            Some("/specs/a b.yaml".into())
+        );
+        assert_eq!(path("file://localhost/x.yaml"), Some("/x.yaml".into()));
+        assert_eq!(path("file://build-host/x.yaml"), None);
+        assert_eq!(path("untitled:Untitled-1"), None);
+    }
 }

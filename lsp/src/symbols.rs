@@ -1,6 +1,7 @@
 //! Document symbols: the spec's sections, with its boxes, steps and stages.
 
 use lsp_types::{DocumentSymbol, SymbolKind};
+use voidbox_spec::diagnostic::Span;
 use voidbox_spec::yaml::{Node, NodeKind};
 
 use crate::document::Document;
@@ -11,8 +12,8 @@ fn symbol(
     name: String,
     detail: Option<String>,
     kind: SymbolKind,
-    node: &Node,
-    select: &Node,
+    whole: Span,
+    select: Span,
     children: Vec<DocumentSymbol>,
 ) -> DocumentSymbol {
     DocumentSymbol {
@@ -21,8 +22,8 @@ fn symbol(
         kind,
         tags: None,
         deprecated: None,
-        range: doc.range(node.span),
-        selection_range: doc.range(select.span),
+        range: doc.range(whole),
+        selection_range: doc.range(select),
         children: (!children.is_empty()).then_some(children),
     }
 }
@@ -51,8 +52,8 @@ fn named_items(doc: &Document, list: Option<&Node>, kind: SymbolKind) -> Vec<Doc
                 name.as_str()?.to_string(),
                 detail,
                 kind,
-                item,
-                name,
+                item.span,
+                name.span,
                 Vec::new(),
             ))
         })
@@ -83,8 +84,8 @@ fn stages(doc: &Document, list: Option<&Node>) -> Vec<DocumentSymbol> {
                 format!("{}: {what}", i + 1),
                 None,
                 SymbolKind::EVENT,
-                s,
-                s,
+                s.span,
+                s.span,
                 Vec::new(),
             )
         })
@@ -108,22 +109,13 @@ pub fn of(doc: &Document, root: &Node) -> Vec<DocumentSymbol> {
                 "workflow" => named_items(doc, v.get("steps"), SymbolKind::FUNCTION),
                 _ => Vec::new(),
             };
-            let detail = v.as_str().map(str::to_string);
-            let whole = Node {
-                kind: NodeKind::Null,
-                span: k.span.to(v.span),
-            };
-            let key = Node {
-                kind: NodeKind::Null,
-                span: k.span,
-            };
             symbol(
                 doc,
                 k.name.clone(),
-                detail,
+                v.as_str().map(str::to_string),
                 SymbolKind::MODULE,
-                &whole,
-                &key,
+                k.span.to(v.span),
+                k.span,
                 children,
             )
         })

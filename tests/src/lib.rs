@@ -104,3 +104,47 @@ pub fn run_isolated(
 }
 
 pub mod vm;
+
+/// A child process (a test server) killed and reaped when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `scripts/otlp_sink.py` (a real OTLP/HTTP receiver, run with the Phoenix venv's Python) on a
+/// free port, up and accepting: (the server, its port, the file it appends what it receives
+/// to, one JSON object per line).
+pub fn otlp_sink(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
+    let port = free_port();
+    let out = dir.join("sink.jsonl");
+    let root = repo_root();
+    let child = Command::new(root.join("scripts/phoenix.sh"))
+        .arg("python")
+        .arg(root.join("scripts/otlp_sink.py"))
+        .arg(port.to_string())
+        .arg(&out)
+        .spawn()
+        .expect("scripts/phoenix.sh (install with `scripts/phoenix.sh install`)");
+    let server = KillOnDrop(child);
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the OTLP sink did not come up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    (server, port, out)
+}

@@ -541,11 +541,7 @@ fn shell_refuses_what_apply_refuses_at_its_line_before_a_vm_starts() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("agent:` runtime is unknown"), "{err}");
     // A model endpoint that is down is found before a VM boots (`--no-endpoint-check` skips).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = voidbox_tests::free_port();
     let local = format!("{{provider: ollama, base_url: \"http://127.0.0.1:{port}\"}}");
     let spec = agent_spec(dir.path(), "down.yaml", &local, "");
     let (code, err) = shell_refused(&[&spec], &[]);
@@ -597,7 +593,7 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
     assert_eq!(apply.status.code(), code);
     assert!(String::from_utf8_lossy(&apply.stderr).contains("voidbox::cli_not_found"));
     // The spec's `timeout_secs` ends the session (124), and its `observe` records it.
-    let (_sink, port, out) = otlp_sink(dir.path());
+    let (_sink, port, out) = voidbox_tests::otlp_sink(dir.path());
     let spec = voidbox_tests::write_file(
         dir.path(),
         "timed.yaml",
@@ -628,43 +624,4 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
         names.iter().any(|n| n == "voidbox shell timed") && names.iter().any(|n| n == "node timed"),
         "spans: {names:?}\nstderr: {stderr}"
     );
-}
-
-/// `scripts/otlp_sink.py` (a real OTLP/HTTP receiver, in the Phoenix venv) on a free port:
-/// (the server, its port, the file it appends what it received to).
-fn otlp_sink(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let out = dir.join("sink.jsonl");
-    let root = voidbox_tests::repo_root();
-    let child = Command::new(root.join("scripts/phoenix.sh"))
-        .arg("python")
-        .arg(root.join("scripts/otlp_sink.py"))
-        .arg(port.to_string())
-        .arg(&out)
-        .spawn()
-        .expect("scripts/phoenix.sh (install with `scripts/phoenix.sh install`)");
-    let server = KillOnDrop(child);
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the OTLP sink did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (server, port, out)
-}
-
-/// A child process killed (and reaped) when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -9,36 +9,19 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use voidbox_tests::repo_root;
 use voidbox_tests::vm::guest_image;
+use voidbox_tests::{free_port, otlp_sink, repo_root, KillOnDrop};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
 /// A child process killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `GET path` on 127.0.0.1:`port` (HTTP/1.0, so the body is not chunked): (status, body).
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -51,7 +34,7 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
-fn phoenix(dir: &Path) -> (Server, u16, u16) {
+fn phoenix(dir: &Path) -> (KillOnDrop, u16, u16) {
     let (http, grpc) = (free_port(), free_port());
     let work = dir.join("phoenix");
     std::fs::create_dir_all(&work).unwrap();
@@ -64,7 +47,7 @@ fn phoenix(dir: &Path) -> (Server, u16, u16) {
         .stderr(log)
         .spawn()
         .expect("scripts/phoenix.sh (install Phoenix with `scripts/phoenix.sh install`)");
-    let server = Server(child);
+    let server = KillOnDrop(child);
     let t0 = Instant::now();
     while get(http, "/healthz").map(|r| r.0) != Some(200) {
         assert!(
@@ -75,28 +58,6 @@ fn phoenix(dir: &Path) -> (Server, u16, u16) {
         std::thread::sleep(Duration::from_millis(300));
     }
     (server, http, grpc)
-}
-
-fn sink(dir: &Path) -> (Server, u16, PathBuf) {
-    let port = free_port();
-    let out = dir.join("sink.jsonl");
-    let child = Command::new(repo_root().join("scripts/phoenix.sh"))
-        .arg("python")
-        .arg(repo_root().join("scripts/otlp_sink.py"))
-        .arg(port.to_string())
-        .arg(&out)
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the OTLP sink did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (server, port, out)
 }
 
 /// `seed` writes 300 kB, so `count` gets its stdin streamed while the guest is sampled (both
@@ -478,7 +439,7 @@ fn a_fan_out_run_with_an_agent_reaches_phoenix_over_http_and_grpc_with_its_metri
     }
     let dir = tempfile::tempdir().unwrap();
     let (_phoenix, http, grpc) = phoenix(dir.path());
-    let (_sink, sink_port, sink_out) = sink(dir.path());
+    let (_sink, sink_port, sink_out) = otlp_sink(dir.path());
 
     // OTLP/HTTP through the standard per-signal variables: traces to Phoenix, metrics to the
     // sink; the caller's TRACEPARENT; the spans also written with --trace.

@@ -16,7 +16,7 @@ use crate::scheduler::{
 };
 
 fn plan(src: &str) -> Plan {
-    crate::testing::compile_for_test(src)
+    crate::plan::compile_for_test(src)
 }
 
 /// Programs: `echo TEXT` outputs TEXT; `cat` outputs its stdin; `sleep MS` sleeps (until

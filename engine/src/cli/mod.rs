@@ -537,13 +537,12 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let spec = crate::node::refusals::SpecSource::parse(
-        args.file.display().to_string(),
-        source.to_string(),
-    )
-    .map(std::sync::Arc::new);
+    let src = match spec_source(&args.file, &source) {
+        Ok(src) => std::sync::Arc::new(src),
+        Err(code) => return code,
+    };
     if args.dry_run {
-        return ExitCode::from(dry_run(&plan, spec.as_deref(), args));
+        return ExitCode::from(dry_run(&plan, &src, args));
     }
     if plan.mode == SandboxMode::Mock {
         eprintln!(
@@ -570,7 +569,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         logs_dir: args.logs_dir.clone(),
         snapshots: !args.no_snapshot,
-        spec,
+        spec: Some(src),
         trace_file: args.trace.clone(),
         endpoint_check: !args.no_endpoint_check,
         ..crate::apply::ApplyOptions::default()
@@ -581,7 +580,7 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
 /// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), and a
 /// bad `VOIDBOX_DNS_UPSTREAMS` when a node has network (exit 2), else the plan. Checks that
 /// need the guest image run when it is cached; without it they are named as deferred.
-fn dry_run(plan: &Plan, spec: Option<&crate::node::refusals::SpecSource>, args: &ApplyArgs) -> u8 {
+fn dry_run(plan: &Plan, src: &crate::node::refusals::SpecSource, args: &ApplyArgs) -> u8 {
     let snapshots = !args.no_snapshot;
     use crate::node::refusals;
     if let Some(msg) = refusals::nothing_to_run(plan) {
@@ -592,10 +591,6 @@ fn dry_run(plan: &Plan, spec: Option<&crate::node::refusals::SpecSource>, args: 
     let plan_format = match args.output {
         crate::apply::OutputFormat::Human => GraphFormat::Text,
         crate::apply::OutputFormat::Json => GraphFormat::Json,
-    };
-    let Some(src) = spec else {
-        print!("{}", render(plan, plan_format));
-        return 0;
     };
     // The same checks as `apply`, printed the same way, with the same exit codes.
     if let Err(code) = crate::node::prepare::prepare(

@@ -72,7 +72,7 @@ mod tests {
     use crate::plan::Plan;
 
     fn plan(src: &str) -> Plan {
-        crate::testing::compile_for_test(src)
+        crate::plan::compile_for_test(src)
     }
 
     fn node<'a>(p: &'a Plan, name: &str) -> &'a PlanNode {

@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn plain_names_the_nodes_still_running() {
-        let plan = crate::testing::compile_for_test(
+        let plan = crate::plan::compile_for_test(
             "api_version: v1\nkind: pipeline\nname: p\npipeline:\n  boxes:\n    - {name: slow, run: {program: sleep}}\n    - {name: quick, run: {program: 'true'}}\n  stages:\n    - {type: fan_out, boxes: [slow, quick]}\n",
         );
         let buf: Arc<Mutex<Vec<u8>>> = Arc::default();

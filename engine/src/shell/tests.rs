@@ -4,7 +4,7 @@
 use clap::Parser;
 
 use super::*;
-use crate::testing::compile_for_test;
+use crate::plan::compile_for_test;
 
 #[derive(Debug, clap::Parser)]
 struct T {

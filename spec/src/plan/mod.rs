@@ -610,10 +610,11 @@ impl NodeSandbox {
     }
 }
 
-/// Test helper: validates the spec text `src` and compiles it (host paths against `/specs`),
-/// panicking with the diagnostics when it is invalid.
-#[cfg(test)]
-pub(crate) fn compile_for_test(src: &str) -> Plan {
+/// Test helper (this crate's tests and the engine's): validates the spec text `src` and
+/// compiles it (host paths against `/specs`), panicking with the diagnostics when it is
+/// invalid.
+#[doc(hidden)]
+pub fn compile_for_test(src: &str) -> Plan {
     let v = crate::validate::validate_source("t.yaml", src.to_string(), Path::new("."));
     let spec = v
         .spec
