@@ -111,7 +111,7 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     };
     check_kvm()?;
     let mut cfg = SandboxConfig::new(guest_image()?);
-    cfg.shares = shares;
+    cfg.set_shares(shares);
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);

@@ -144,6 +144,9 @@ impl BootParams {
             }
             "debug" => self.debug = parse_bool(value)?,
             "rootfs" | "user" | "mount" => self.disks.apply(key, value)?,
+            // Acted on before anything is mounted ([`crate::init::prepare_root`]).
+            "root" if value == "rw" => {}
+            "root" => return Err(format!("`{value}` is not `rw` (the root stays read-only)")),
             "net" => self.net.apply(value),
             _ => return Err("unknown parameter (ignored)".into()),
         }

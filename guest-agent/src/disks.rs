@@ -382,7 +382,16 @@ pub enum Inside {
     },
     /// A fresh mount (its mount point is created first).
     Mount(Step),
+    /// A file of the system root (cloned before the pivot) bound at the same path inside the
+    /// image only where the image has none that works: the musl loader that the agent
+    /// runtimes name as their interpreter ([`MUSL_LOADER`]). Skipped when the system root
+    /// has no such file (no runtimes disk) or the image has its own.
+    Provide(PathBuf),
 }
+
+/// The musl dynamic loader: Claude Code's interpreter. The system disk links it to the
+/// runtimes disk; an image root gets that one unless it has its own (Alpine).
+pub const MUSL_LOADER: &str = "/lib/ld-musl-x86_64.so.1";
 
 /// How the image root is built (see [`crate::rootfs`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -453,6 +462,10 @@ pub fn root_plan(
         if !BOUND_TREES.iter().any(|t| is_at_or_under(&s.path, t)) {
             inside.push(bind(layout.system_path(&s.path), &s.path, false, true));
         }
+    }
+    // With the runtimes disk mounted, its loader resolves: agents run in any image.
+    if !skills.is_empty() && layout.system_path(MUSL_LOADER).is_file() {
+        inside.push(Inside::Provide(PathBuf::from(MUSL_LOADER)));
     }
     Ok(RootPlan {
         device: device.to_string(),

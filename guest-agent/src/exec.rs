@@ -199,7 +199,23 @@ impl Command {
                         format!("workdir `{w}` must be absolute"),
                     ));
                 }
-                exec_env.map_path(w)
+                let cwd = exec_env.map_path(w);
+                // In an image root, a missing working directory is made (the image's
+                // `WorkingDir`, or a `run.workdir`), as Docker does; elsewhere it is an error.
+                if let ExecRoot::Image(image) = &exec_env.root {
+                    let (dir, user) =
+                        (cwd.clone(), exec_env.creds.unwrap_or(crate::spawn::SANDBOX));
+                    image
+                        .run(move || {
+                            if dir.is_dir() {
+                                return Ok(());
+                            }
+                            crate::shares::ensure_dir(&dir, user)
+                        })
+                        .map_err(|e| (ErrorCode::Io, format!("image root: {e}")))?
+                        .map_err(|e| (ErrorCode::Io, e))?;
+                }
+                cwd
             }
             _ => exec_env.workspace(),
         };

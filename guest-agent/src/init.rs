@@ -109,11 +109,12 @@ pub fn root_is_erofs() -> bool {
 
 /// Whether the boot parameters need a writable root: skill disks (`voidbox.mount=`) are
 /// mounted at any path of the system root, and their mount points may not exist on the
-/// read-only system disk.
+/// read-only system disk; the engine asks for one (`voidbox.root=rw`) when a host share
+/// goes outside `/workspace` and `/home`.
 pub fn needs_writable_root(cmdline: &str) -> bool {
-    crate::cmdline::split_cmdline(cmdline)
-        .iter()
-        .any(|t| t.starts_with("voidbox.mount="))
+    crate::cmdline::split_cmdline(cmdline).iter().any(|t| {
+        t.starts_with("voidbox.mount=") || t == voidbox_protocol::guest_paths::WRITABLE_ROOT_PARAM
+    })
 }
 
 /// The first thing PID 1 does on the read-only erofs system disk (nothing elsewhere):
@@ -464,13 +465,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_skill_disks_need_a_writable_root() {
+    fn skill_disks_and_outside_shares_need_a_writable_root() {
         assert!(needs_writable_root(
             "console=ttyS0 voidbox.secret=ab voidbox.mount=vdb:/skills/py:ro"
         ));
         assert!(!needs_writable_root(
             "console=ttyS0 root=/dev/vda voidbox.rootfs=vdb voidbox.user=1001:1001"
         ));
+        assert!(needs_writable_root("console=ttyS0 voidbox.root=rw"));
+        assert!(!needs_writable_root("voidbox.root=ro"));
         // Only the parameter itself counts, not a value that mentions it.
         assert!(!needs_writable_root("voidbox.hostname=voidbox.mount=x"));
         assert!(!needs_writable_root(""));

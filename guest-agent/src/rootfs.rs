@@ -160,6 +160,13 @@ fn enter(plan: &RootPlan) -> Result<OwnedFd, String> {
                     None
                 }
             },
+            Inside::Provide(path) => match mount::clone_tree(path) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    crate::debug!("image root: {} not provided: {e}", path.display());
+                    None
+                }
+            },
             Inside::Mount(_) => None,
         });
     }
@@ -183,6 +190,17 @@ fn enter(plan: &RootPlan) -> Result<OwnedFd, String> {
                     Ok(()) => {}
                     Err(e) if *required => return Err(e),
                     Err(e) => crate::debug!("image root: skipped: {e}"),
+                }
+            }
+            Inside::Provide(path) => {
+                // The image's own (a file, or a link to one) stays.
+                let Some(tree) = clone.filter(|_| !path.is_file()) else {
+                    continue;
+                };
+                if let Err(e) =
+                    mount::file_mount_point(path).and_then(|()| mount::attach_clone(&tree, path))
+                {
+                    crate::log!("image root: providing {}: {e}", path.display());
                 }
             }
             Inside::Mount(m) => {

@@ -1,12 +1,13 @@
 //! Host directory shares: on the host's `MountShare`, mounts the VMM's virtio-9p share slot
 //! `voidbox<slot>` at a guest path, in every root commands run in.
 //!
-//! * The path is absolute and normalized, at most [`crate::disks::MAX_MOUNT_PATH`] bytes,
-//!   without `,`, `:`, whitespace or control characters (the skill-mount rules of
-//!   [`crate::disks::check_mount_path`]: never `/`, `/home`, `/home/sandbox`,
-//!   `/tmp`, nor at or under `/proc`, `/sys`, `/dev`, `/run`, `/etc/voidbox`), and neither
-//!   the agent's binary nor a directory holding any of those (`/etc`, `/sbin`): a mount there
-//!   would hide what the guest or the agent needs.
+//! * The path follows [`voidbox_protocol::guest_paths`] (the rule `validate` and the engine
+//!   apply before a VM starts): never `/`, `/home`, `/home/sandbox`, `/tmp`, nor at or under
+//!   `/proc`, `/sys`, `/dev`, `/run`, `/etc/voidbox`, `/opt/voidbox` or the agent's binary,
+//!   nor a directory holding one of those (`/etc`, `/sbin`, `/opt`).
+//! * On the read-only system disk, a mount point outside `/workspace` and `/home` can only be
+//!   created when the engine asked for a writable root at boot
+//!   ([`voidbox_protocol::guest_paths::WRITABLE_ROOT_PARAM`]); it does for such shares.
 //! * The mount point is reached one component at a time from `/` with
 //!   `openat(O_PATH | O_NOFOLLOW | O_DIRECTORY)`, missing directories created on the way
 //!   (given to the command user): a symlink anywhere on the path is refused, and the mount
@@ -34,7 +35,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
 
-use voidbox_protocol::{ErrorCode, MountShare, MAX_SHARE_SLOTS};
+use voidbox_protocol::{guest_paths, ErrorCode, MountShare, MAX_SHARE_SLOTS};
 
 use crate::rootfs::ExecRoot;
 use crate::spawn::Credentials;
@@ -42,26 +43,8 @@ use crate::spawn::Credentials;
 /// `msize` the guest asks for (the VMM caps it at 512 KiB; Linux 6.1's virtio transport at
 /// 512000 bytes).
 pub const MSIZE: u32 = 512_000;
-/// The working directory, which a share may replace whole.
-pub const WORKSPACE: &str = "/workspace";
 /// Where a share is mounted in the agent's namespace when its path cannot be made there.
 pub const STAGING: &str = "/run/voidbox/shares";
-
-/// Trees of the agent a share may not be mounted at or under (besides the skill rules).
-const AGENT_TREES: [&str; 1] = ["/sbin/voidbox-agent"];
-/// Paths a share may not hide by being mounted on a directory holding them.
-const PROTECTED: [&str; 10] = [
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/etc/voidbox",
-    "/sbin/voidbox-agent",
-    "/workspace",
-    "/home",
-    "/home/sandbox",
-    "/tmp",
-];
 
 /// `open_tree(2)`: clone the mount instead of referring to it.
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -110,25 +93,10 @@ pub fn flags(read_only: bool) -> libc::c_ulong {
     }
 }
 
-fn at_or_under(p: &str, tree: &str) -> bool {
-    p == tree || p.strip_prefix(tree).is_some_and(|r| r.starts_with('/'))
-}
-
-/// Checks a share's guest path (see the module documentation for the rules).
+/// Checks a share's guest path: the rule `validate` and the engine apply too
+/// ([`voidbox_protocol::guest_paths::check_share_path`]).
 pub fn check_share_path(p: &str) -> Result<(), String> {
-    // The project directory over the working directory: void-box's everyday
-    // `--mount /project:/workspace:rw` (it hides only the VM's own empty `/workspace`).
-    if p == WORKSPACE {
-        return Ok(());
-    }
-    crate::disks::check_mount_path(p).map_err(|e| e.replace("mount path", "share path"))?;
-    if AGENT_TREES.iter().any(|t| at_or_under(p, t)) {
-        return Err(format!("share path `{p}` is reserved"));
-    }
-    if let Some(hidden) = PROTECTED.iter().find(|t| at_or_under(t, p)) {
-        return Err(format!("share path `{p}` would hide {hidden}"));
-    }
-    Ok(())
+    guest_paths::check_share_path(p)
 }
 
 /// Mounts the share `req` asks for in `root` (directories it creates go to `user`).
@@ -165,7 +133,7 @@ pub fn mount(
     if let Some(other) = mounted
         .iter()
         .flatten()
-        .find(|p| at_or_under(p, &req.path) || at_or_under(&req.path, p))
+        .find(|p| guest_paths::overlaps(p, &req.path))
     {
         return Err(err(
             ErrorCode::AlreadyExists,
@@ -206,6 +174,15 @@ pub fn mount(
         if req.read_only { "ro" } else { "rw" }
     );
     Ok(())
+}
+
+/// Makes sure the directory `path` (absolute) exists, reached from `/` without following
+/// symlinks; missing directories are created (mode 0755) and given to `user`. For an
+/// image's `WorkingDir` the image lacks (Docker creates it too).
+pub fn ensure_dir(path: &Path, user: Credentials) -> Result<(), String> {
+    MountPoint::open_for(path, user, "the working directory")
+        .map(drop)
+        .map_err(|e| e.message)
 }
 
 /// Mounts the 9p share of `req` on `at`.
@@ -277,6 +254,11 @@ impl MountPoint {
     /// Walks to `path` (absolute, checked) from `/`, creating missing directories (mode
     /// 0755, owned by `user`); a symlink or non-directory on the way is refused.
     fn open(path: &Path, user: Credentials) -> Result<MountPoint, ShareError> {
+        MountPoint::open_for(path, user, "the mount point")
+    }
+
+    /// As [`MountPoint::open`]; `what` names the directory in errors.
+    fn open_for(path: &Path, user: Credentials, what: &str) -> Result<MountPoint, ShareError> {
         let shown = path.display().to_string();
         let denied = |e: String| err(ErrorCode::PathDenied, e);
         let mut parent = open_dir_at(libc::AT_FDCWD, &CString::from(c"/"))
@@ -295,14 +277,15 @@ impl MountPoint {
                         let e = io::Error::last_os_error();
                         if e.raw_os_error() != Some(libc::EEXIST) {
                             let hint = if e.raw_os_error() == Some(libc::EROFS) {
-                                " (the guest's root is read-only there: use a path under \
-                                 /workspace, /home/sandbox or /mnt)"
+                                " (the guest's root is read-only: the VM was booted without \
+                                 voidbox.root=rw, which the engine asks for with shares \
+                                 outside /workspace and /home)"
                             } else {
                                 ""
                             };
                             return Err(err(
                                 ErrorCode::Io,
-                                format!("creating the mount point {walked}: {e}{hint}"),
+                                format!("creating {what} {walked}: {e}{hint}"),
                             ));
                         }
                     }
@@ -321,8 +304,8 @@ impl MountPoint {
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
                     return Err(denied(format!(
-                        "{walked} is not a directory (or is a symbolic link): a share is \
-                         mounted on a directory reached without symlinks"
+                        "{walked} is not a directory (or is a symbolic link): {what} is \
+                         reached without following symlinks"
                     )));
                 }
                 Err(e) => return Err(err(ErrorCode::Io, format!("{walked}: {e}"))),
@@ -407,57 +390,6 @@ impl MountPoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn share_paths_follow_the_rules() {
-        for ok in [
-            "/workspace/src",
-            "/workspace/a/b",
-            "/workspace",
-            "/home/sandbox/project",
-            "/mnt/data",
-            "/data",
-            "/opt/tools",
-            "/srv",
-        ] {
-            assert_eq!(check_share_path(ok), Ok(()), "{ok}");
-        }
-        for bad in [
-            "/",
-            "relative",
-            "",
-            "/home",
-            "/home/sandbox",
-            "/tmp",
-            "/proc",
-            "/proc/1",
-            "/sys/kernel",
-            "/dev",
-            "/dev/shm",
-            "/run",
-            "/run/voidbox",
-            "/etc/voidbox",
-            "/etc/voidbox/x",
-            "/etc",
-            "/sbin",
-            "/sbin/voidbox-agent",
-            "/workspace/../etc",
-            "/workspace/./x",
-            "/workspace//x",
-            "/workspace/x/",
-            "/a,b",
-            "/a:b",
-            "/a b",
-            "/a\nb",
-        ] {
-            assert!(check_share_path(bad).is_err(), "{bad:?}");
-        }
-        let long = format!("/{}", "x".repeat(crate::disks::MAX_MOUNT_PATH));
-        assert!(check_share_path(&long).is_err());
-        assert!(check_share_path("/etc")
-            .unwrap_err()
-            .contains("would hide /etc/voidbox"));
-    }
 
     #[test]
     fn options_and_flags() {

@@ -43,6 +43,7 @@ pub mod blocking;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod guest_paths;
 pub mod handshake;
 pub mod message;
 pub mod mux;

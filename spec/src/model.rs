@@ -616,10 +616,13 @@ pub enum Stage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Command {
-    /// Program name (looked up in the guest's PATH) or absolute path.
+    /// Program name (looked up in the guest's PATH) or absolute path. Optional on a node with
+    /// `sandbox.image`: without it the image's `Entrypoint`/`Cmd` runs (`args` replacing
+    /// `Cmd`, as with Docker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
-    pub program: String,
-    /// Arguments.
+    pub program: Option<String>,
+    /// Arguments (with the image's entrypoint: they replace its `Cmd`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Extra environment variables.
@@ -676,10 +679,12 @@ pub struct Step {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StepCommand {
-    /// Program name or absolute path.
+    /// Program name or absolute path. Optional on a step with `sandbox.image`: without it the
+    /// image's `Entrypoint`/`Cmd` runs (`args` replacing `Cmd`, as with Docker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
-    pub program: String,
-    /// Arguments.
+    pub program: Option<String>,
+    /// Arguments (with the image's entrypoint: they replace its `Cmd`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Extra environment variables.

@@ -71,10 +71,11 @@ fn assert_refused(text: &str, expected: &[(&str, usize)]) {
 #[test]
 fn sandbox_features_are_refused_with_field_and_line() {
     // `network:` (both forms) and mounts are provided: only a mount the VM cannot have
-    // (a guest path inside /proc) is refused.
+    // (a host file where a directory is shared) is refused. (A guest path the guest cannot
+    // mount is a `validate` error: tests/tests/apply_cli.rs.)
     assert_refused(
-        "kind: pipeline\nname: p\nsandbox:\n  network: true\n  guest_image: ghcr.io/x/kernel:1\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      sandbox: {image: 'alpine:3.20', mounts: [{host: /, guest: /m}, {host: /, guest: /proc/m}]}\n    - name: b\n      run: {program: echo}\n      sandbox: {network: {allow_host_ports: [11434]}}\n",
-        &[("pipeline.boxes[0].sandbox.mounts[1].guest", 10)],
+        "kind: pipeline\nname: p\nsandbox:\n  network: true\n  guest_image: ghcr.io/x/kernel:1\npipeline:\n  boxes:\n    - name: a\n      run: {program: echo}\n      sandbox: {image: 'alpine:3.20', mounts: [{host: /, guest: /m}, {host: /etc/passwd, guest: /srv/m}]}\n    - name: b\n      run: {program: echo}\n      sandbox: {network: {allow_host_ports: [11434]}}\n",
+        &[("pipeline.boxes[0].sandbox.mounts[1].host", 10)],
     );
 }
 

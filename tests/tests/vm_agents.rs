@@ -4,11 +4,18 @@
 //! Codex box (`provider: codex`), each with a staged `file:` skill and its own scripted
 //! server on loopback: a shell tool call, then a final text.
 //!
+//! Both boxes run with an OCI image as their root filesystem (issue 25: agents in any image;
+//! `examples/agents-local.yaml`, run by `scripts/test.sh`, covers the guest image's own
+//! root). The image — built with umoci, served by a real local registry — is busybox plus a
+//! program that exists nowhere else, in a directory only the image's `PATH` names; it has no
+//! bash, no musl loader and no passwd entry for the command user, and lacks its `WorkingDir`.
+//!
 //! It proves:
 //! - each runtime's shell tool (Claude Code's Bash, with the runtimes disk's bash; Codex's
-//!   shell) ran in its guest as uid 1000 and its output reached the model: the request after
-//!   the tool turn carries `tool-ran-42-NODE` and `1000`, which only a shell in that guest
-//!   computes (the script sends `tool-ran-$((6*7))-$VOIDBOX_NODE`);
+//!   shell) ran in its guest's image root as uid 1000 and its output reached the model: the
+//!   request after the tool turn carries the image program's `only-in-the-image-42`,
+//!   `tool-ran-42-NODE`, the image's `Env` value, its created `WorkingDir` and `1000`, which
+//!   only a shell in that image root computes;
 //! - the gateway swapped the guest's placeholder for the real key: the servers answer only
 //!   the real key, and every request they recorded carried exactly it;
 //! - each runtime read the spec's prompt file (`prompt_files`) where the kit put it and sent
@@ -40,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use voidbox_llm_script::{Recorded, Script, Server, Turn};
+use voidbox_oci::testing::{ImageBuilder, Layer, Registry};
 use voidbox_tests::vm::{child_pids, guest_image};
 use voidbox_tests::Run;
 
@@ -51,7 +59,10 @@ const KEY_VAR: &str = "VBX_TEST_KEY";
 /// The staged skill.
 const SKILL: &str = "vbx-probe";
 /// The tool command: `tool-ran-42-NODE` exists only once a shell in NODE's guest ran it.
-const TOOL_COMMAND: &str = "echo tool-ran-$((6*7))-$VOIDBOX_NODE && id -u";
+const TOOL_COMMAND: &str = "vbx-image-tool && echo tool-ran-$((6*7))-$VOIDBOX_NODE && echo \"$VBX_IMAGE_VAR\" && pwd && id -u";
+/// What the image program, the image's `Env` and `WorkingDir` add to the tool's output.
+const IMAGE_TOOL_OUTPUT: &str = "only-in-the-image-42";
+const IMAGE_ENV_AND_DIR: &str = "from-image-env\n/project";
 /// Bytes read from `/proc/PID/mem` at a time.
 const CHUNK: usize = 8 << 20;
 
@@ -315,6 +326,30 @@ fn scanning_server(
     })
 }
 
+/// The agents' image: busybox (no bash, no musl loader, no passwd entry for uid 1000) with a
+/// program only it has, on a `PATH` only its `Env` names, and a `WorkingDir` it lacks.
+fn toolchain_image(registry: &Registry) {
+    ImageBuilder::busybox()
+        .unwrap()
+        .layer(
+            Layer::new()
+                .dir("opt", 0o755)
+                .dir("opt/imagetools", 0o755)
+                .dir("opt/imagetools/bin", 0o755)
+                .file(
+                    "opt/imagetools/bin/vbx-image-tool",
+                    "#!/bin/sh\necho only-in-the-image-$((6*7))\n",
+                    0o755,
+                ),
+        )
+        .unwrap()
+        .env("PATH=/opt/imagetools/bin:/bin")
+        .env("VBX_IMAGE_VAR=from-image-env")
+        .working_dir("/project")
+        .push(registry, "toolchain:1")
+        .unwrap();
+}
+
 fn write(root: &Path, rel: &str, text: &str) {
     let p = root.join(rel);
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
@@ -378,6 +413,8 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     if guest_image().is_none() {
         return;
     }
+    let registry = Registry::start().expect("registry");
+    toolchain_image(&registry);
     let t0 = Instant::now();
     let key = format!("sk-ant-vbxtest-{}", random_hex(16));
     let nonce = random_hex(6);
@@ -418,7 +455,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     std::fs::write(
         &spec,
         format!(
-            "kind: pipeline\nname: agents\nsandbox:\n  memory_mb: {MEMORY_MB}\npipeline:\n  boxes:\n\
+            "kind: pipeline\nname: agents\nsandbox:\n  memory_mb: {MEMORY_MB}\n  image: '{image}'\npipeline:\n  boxes:\n\
              \x20   - name: claude\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-claude).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
              \x20     llm: {{provider: claude, base_url: '{cb}', api_key_env: {KEY_VAR}, model: claude-vbx-test}}\n\
              \x20   - name: codex\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-codex).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
@@ -426,6 +463,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
              \x20 stages:\n    - {{type: fan_out, boxes: [claude, codex]}}\n",
             cb = claude.base_url(),
             ob = codex.openai_base_url(),
+            image = registry.reference("toolchain:1"),
         ),
     )
     .unwrap();
@@ -558,7 +596,10 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             || format!("{name}: no first model call, or it already carries a tool result"),
         );
         // The shell tool ran in its guest as uid 1000 and its output reached the model.
-        let result = format!("{}\n1000", tool_output(name));
+        let result = format!(
+            "{IMAGE_TOOL_OUTPUT}\n{}\n{IMAGE_ENV_AND_DIR}\n1000",
+            tool_output(name)
+        );
         let ran = after_tool.is_some_and(|r| r.body_contains(&result));
         c.check(ran, || {
             format!(

@@ -6,6 +6,8 @@
 //! - OCI skills: a read-only skill readable and not writable at its mount, a writable one
 //!   whose writes succeed (and stay in the VM), next to an image root;
 //! - a node booting a user-supplied kernel and gzip initramfs (`sandbox.kernel`/`initramfs`);
+//! - nodes without `run.program` run the image's `Entrypoint`/`Cmd` in its `WorkingDir`
+//!   (created when missing); an image with neither is refused before any VM starts;
 //! - a pull that fails (unknown tag) ends `apply` with exit 3 and the spec location before
 //!   any VM starts.
 
@@ -117,6 +119,71 @@ fn nodes_run_inside_their_images() {
     assert!(!home.path().join("logs").join("s.1.console.log").exists());
 }
 
+/// Image entrypoints: a node whose `run` names no program runs the image's `Entrypoint`
+/// followed by `run.args` (replacing `Cmd`) or by `Cmd`, in its `WorkingDir` — created,
+/// for the command user, when the image lacks it. An image with neither is refused with
+/// exit 3 before any VM starts.
+#[test]
+fn nodes_without_a_program_run_the_image_entrypoint() {
+    if guest_image().is_none() {
+        return;
+    }
+    let reg = Registry::start().expect("registry");
+    ImageBuilder::busybox()
+        .unwrap()
+        .entrypoint(&["/bin/sh", "-c"])
+        .cmd(&["echo cmd-default $(pwd)"])
+        .working_dir("/srv/app")
+        .push(&reg, "entry:1")
+        .unwrap();
+    ImageBuilder::busybox()
+        .unwrap()
+        .push(&reg, "bare:1")
+        .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let spec = home.path().join("entry.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "kind: pipeline\nname: entry\nsandbox: {{image: '{e}'}}\npipeline:\n  boxes:\n    - name: args\n      run: {{args: ['echo args $(pwd) $(stat -c %u .)']}}\n    - name: cmd\n      run: {{}}\n  stages:\n    - {{type: fan_out, boxes: [args, cmd]}}\n",
+            e = reg.reference("entry:1"),
+        ),
+    )
+    .unwrap();
+    let r = apply(home.path(), &spec);
+    assert_eq!(r.code, Some(0), "stderr:\n{}", r.stderr);
+    let doc: Value = serde_json::from_str(&r.stdout).expect("JSON report");
+    let out: Vec<String> = doc["output"]
+        .as_array()
+        .unwrap_or_else(|| panic!("report: {doc}"))
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().trim().to_string())
+        .collect();
+    assert_eq!(
+        out,
+        ["args /srv/app 1000", "cmd-default /srv/app"],
+        "report: {doc}"
+    );
+
+    let bare = home.path().join("bare.yaml");
+    std::fs::write(
+        &bare,
+        format!(
+            "kind: sandbox\nname: s\nsandbox:\n  image: '{}'\nrun: {{env: {{A: b}}}}\n",
+            reg.reference("bare:1")
+        ),
+    )
+    .unwrap();
+    let r = apply(home.path(), &bare);
+    assert_eq!(r.code, Some(3), "stderr:\n{}", r.stderr);
+    assert!(r.stderr.contains("bare.yaml:4:"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("neither Entrypoint nor Cmd"),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn oci_skills_are_mounted_read_only_or_with_a_scratch_overlay() {
     let Some(image) = guest_image() else { return };
@@ -160,6 +227,7 @@ fn oci_skills_are_mounted_read_only_or_with_a_scratch_overlay() {
             ),
         ],
         user: Some((1000, 1000)),
+        writable_root: false,
     };
     let mut sb = Sandbox::start(&cfg).expect("VM with image disks");
     let script = "cat /etc/image-marker; cat /skills/ro/SKILL.md; \

@@ -50,7 +50,7 @@ fn a_restored_vm_reads_a_read_only_share_and_writes_a_read_write_one() {
 
     let mut cfg = sandbox_config(image, VOIDBOX);
     cfg.runtime_dir = Some(runtime.path().to_path_buf());
-    cfg.shares = vec![
+    cfg.set_shares(vec![
         Share {
             host: ro.path().to_path_buf(),
             guest: "/workspace/ro".into(),
@@ -61,7 +61,7 @@ fn a_restored_vm_reads_a_read_only_share_and_writes_a_read_write_one() {
             guest: "/workspace/rw".into(),
             read_only: false,
         },
-    ];
+    ]);
     // Restored from the golden snapshot (made by one cold boot on first use, shared with the
     // other VM tests): the share slots were probed at its boot, the binding is this VM's.
     let snapshots = Snapshots::new(
@@ -207,5 +207,41 @@ fn run_and_apply_share_host_directories() {
     assert_eq!(
         std::fs::read_to_string(d.path().join("results/copy.txt")).unwrap(),
         "from-host\n"
+    );
+}
+
+/// Shares outside `/workspace` and `/home` — where the guest's read-only system disk cannot
+/// take a mount point — at each kind of path `validate` accepts: below an existing
+/// directory of the disk (`/mnt/rw`, `/opt/tools`), a new top-level directory (`/srv`) and
+/// below one (`/data/in`). The VM boots with a writable root (`voidbox.root=rw`, its own
+/// golden snapshot); reads and writes reach the host.
+#[test]
+fn shares_mount_at_every_allowed_prefix() {
+    if guest_image().is_none() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    for dir in ["in", "tools"] {
+        std::fs::create_dir(d.path().join(dir)).unwrap();
+    }
+    std::fs::write(d.path().join("in/data.txt"), "input\n").unwrap();
+    std::fs::write(d.path().join("tools/tool.txt"), "tool\n").unwrap();
+    std::fs::write(
+        d.path().join("prefixes.yaml"),
+        "kind: sandbox\nname: prefixes\nsandbox:\n  mounts:\n    - {host: in, guest: /data/in}\n    - {host: tools, guest: /opt/tools}\n    - {host: rw, guest: /mnt/rw, mode: rw}\n    - {host: srv, guest: /srv, mode: rw}\nrun:\n  program: sh\n  args: [-c, 'cat /data/in/data.txt /opt/tools/tool.txt > /mnt/rw/both.txt && echo served > /srv/s.txt && ls /opt/voidbox/runtimes && echo done']\n",
+    )
+    .unwrap();
+    let (out, err, code) = voidbox(d.path(), &["validate", "prefixes.yaml"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (out, err, code) = voidbox(d.path(), &["apply", "prefixes.yaml"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("done"), "{out}{err}");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("rw/both.txt")).unwrap(),
+        "input\ntool\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("srv/s.txt")).unwrap(),
+        "served\n"
     );
 }

@@ -142,8 +142,7 @@ impl VmExecutor {
         cfg.keep_console = Some(console.to_path_buf());
         cfg.runtime_dir = self.runtime_dir.clone();
         // Allowlist + rlimits, in force before the first request (see `policy`).
-        let runtime = matches!(job.node.action, Action::Agent(_)).then_some(program);
-        cfg.policy = Some(crate::node::policy::node_policy(&job.node, runtime));
+        cfg.policy = Some(crate::node::policy::node_policy(&job.node, Some(program)));
         // Backstop enforced by the VMM itself, should the host deadline thread fail.
         cfg.wall_limit = Some(
             self.boot_timeout
@@ -151,6 +150,18 @@ impl VmExecutor {
                 + Duration::from_secs(60),
         );
         cfg
+    }
+
+    /// What a node runs, for messages: a command node's program (its image's entrypoint
+    /// when `run` names none).
+    fn program_of(&self, job: &Job) -> String {
+        match &job.node.action {
+            Action::Command(c) => {
+                crate::node::oci_images::command_line(c, self.node_vms.get(&job.node.name))
+                    .map_or_else(|_| "the image's entrypoint".into(), |(p, _)| p)
+            }
+            _ => "the agent runtime".into(),
+        }
     }
 
     fn attempt(&self, job: &Job, ctl: &NodeControl, console: &Path) -> Attempt {
@@ -209,7 +220,7 @@ impl VmExecutor {
             &prepared.req.program,
             gateway.as_ref().map(Gateway::port),
         );
-        cfg.shares = crate::mount_flag::shares(&mounts);
+        cfg.set_shares(crate::mount_flag::shares(&mounts));
         let mut sb = match self.snapshots.start(&cfg, named, &cancelled) {
             Ok(sb) => sb,
             Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
@@ -265,10 +276,11 @@ impl VmExecutor {
         match &job.node.action {
             Action::Command(c) => {
                 env.extend(c.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let (program, args) = crate::node::oci_images::command_line(c, vm)?;
                 Ok(Prepared {
                     req: ExecRequest {
-                        program: c.program.clone(),
-                        args: c.args.clone(),
+                        program,
+                        args,
                         env,
                         workdir: c.workdir.clone().or(image_workdir),
                         stdin: job.input.stdin.clone().unwrap_or_default(),
@@ -306,10 +318,13 @@ impl VmExecutor {
                 let (skills, kit) = kit_files(&src, &secrets)?;
                 *kit_summary = Some(kit);
                 let mut req = l.request;
-                // The node's variables after the runtime's, except those the runtime needs.
-                let own: Vec<String> = req.env.iter().map(|(k, _)| k.clone()).collect();
-                req.env
-                    .extend(env.into_iter().filter(|(k, _)| !own.contains(k)));
+                // The node's variables after the runtime's, except those the runtime needs
+                // (`PATH`: the runtime's directories, then the node's, an image's included).
+                req.env = crate::node::launch::merge_env(req.env, env);
+                // In an image, the agent works in the image's `WorkingDir` (made if missing).
+                if let Some(w) = image_workdir {
+                    req.workdir = Some(w);
+                }
                 let mut files = l.files;
                 files.extend(skills);
                 Ok(Prepared {
@@ -344,6 +359,7 @@ impl VmExecutor {
         if let Err(e) = super::artifacts::place_inputs(sb, &job.node, &self.logs_dir) {
             return stopped_or(ctl, Attempt::failed(Status::Failed, e));
         }
+        let program = matches!(job.node.action, Action::Command(_)).then(|| req.program.clone());
         let mut stdout = CappedBuf::new(job.max_output);
         let mut stderr = Tail::new(STDERR_TAIL);
         let mut stream = agent
@@ -417,9 +433,10 @@ impl VmExecutor {
                 }
                 a
             }
-            Err(e) => exec_failure(&program_of(job), e),
+            Err(e) => exec_failure(&self.program_of(job), e),
         };
         a.exec = Some(exec);
+        a.program = program;
         // The tail goes to the summary, the JSON report and JUnit: the node's secrets never do.
         a.stderr_tail = crate::kit::Secrets::for_node(&job.node)
             .redact(&stderr.text())
@@ -451,7 +468,7 @@ impl VmExecutor {
         } else if let Some(e) = &r.error {
             Attempt::failed(
                 Status::Failed,
-                format!("cannot run {}: {e}", program_of(job)),
+                format!("cannot run {}: {e}", self.program_of(job)),
             )
         } else if let Some(o) = outcome.filter(|o| o.is_error) {
             // The runtime's own message says more than its exit status.
@@ -463,7 +480,10 @@ impl VmExecutor {
                 (Some(c), _) => format!("exit code {c}"),
                 _ => "unknown status".into(),
             };
-            Attempt::failed(Status::Failed, format!("{} failed: {how}", program_of(job)))
+            Attempt::failed(
+                Status::Failed,
+                format!("{} failed: {how}", self.program_of(job)),
+            )
         } else if r.output_truncated {
             Attempt::failed(
                 Status::Failed,
@@ -525,13 +545,6 @@ impl VmExecutor {
             Some(r) => Ok(r.into_bytes()),
             None => stdout.into_result("stdout"),
         }
-    }
-}
-
-fn program_of(job: &Job) -> String {
-    match &job.node.action {
-        Action::Command(c) => c.program.clone(),
-        _ => "the agent runtime".into(),
     }
 }
 

@@ -46,7 +46,7 @@ impl Executor for Fake {
             ctl.arm_deadline(Duration::from_millis(t * 100));
         }
         let arg = c.args.first().cloned().unwrap_or_default();
-        let a = match c.program.as_str() {
+        let a = match c.program.as_deref().unwrap_or_default() {
             "echo" => Attempt::ok(arg.into_bytes()),
             "cat" => Attempt::ok(job.input.stdin.clone().unwrap_or_default()),
             "input" => Attempt::ok(job.input.file.clone().unwrap_or_default()),

@@ -87,16 +87,6 @@ pub fn endpoints(
                 ));
             }
         }
-        if e.runtime != Runtime::Mock && n.sandbox.image.is_some() {
-            failures.push(fail(
-                NodeField::Sandbox("image"),
-                format!(
-                    "the {} runtime runs in the guest image's own root, not inside an OCI image root",
-                    runtime_name(e.runtime)
-                ),
-                "remove `image:` from the agent box, or mount the image as a skill (`skills: [{image: …, mount: …}]`)",
-            ));
-        }
         // `sandbox.env: {NAME: ""}` copies a host variable into the guest: never the key.
         if let Some(secret) = e.credential.as_ref().map(|c| c.secret().expose()) {
             let copied = n
@@ -460,6 +450,38 @@ pub fn runtime_name(runtime: Runtime) -> &'static str {
 }
 
 /// `PATH` with the directory of `bin` first.
+/// `runtime`'s variables, then those of `extra` (the node's: an image's `Env`, the spec's
+/// `env`) the runtime does not set. `PATH` is joined: the runtime's own directories first,
+/// then `extra`'s `PATH` in place of the system default — so an agent in an image finds the
+/// image's programs (its `python3`, its compilers) as well as its runtime and bash.
+pub fn merge_env(
+    runtime: Vec<(String, String)>,
+    extra: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    let own: Vec<String> = runtime.iter().map(|(k, _)| k.clone()).collect();
+    let node_path = extra
+        .iter()
+        .rev()
+        .find(|(k, v)| k == "PATH" && !v.is_empty())
+        .map(|(_, v)| v.clone());
+    let mut env = runtime;
+    if let Some(node_path) = node_path {
+        if let Some((_, path)) = env.iter_mut().find(|(k, _)| k == "PATH") {
+            let dirs: Vec<&str> = path
+                .split(':')
+                .filter(|d| !d.is_empty() && !SYSTEM_PATH.split(':').any(|s| s == *d))
+                .collect();
+            *path = dirs
+                .into_iter()
+                .chain(std::iter::once(node_path.as_str()))
+                .collect::<Vec<_>>()
+                .join(":");
+        }
+    }
+    env.extend(extra.into_iter().filter(|(k, _)| !own.contains(k)));
+    env
+}
+
 fn path_with(bin: &str) -> String {
     match bin.rsplit_once('/') {
         Some((dir, _)) => format!("{dir}:{SYSTEM_PATH}"),

@@ -34,6 +34,11 @@ pub struct NodeVm {
     pub env: Vec<(String, String)>,
     /// The root image's `WorkingDir`.
     pub workdir: Option<String>,
+    /// The root image's `Entrypoint` and `Cmd`: what a command node without `run.program`
+    /// runs ([`command_line`]).
+    pub entrypoint: Vec<String>,
+    /// The root image's `Cmd`.
+    pub cmd: Vec<String>,
     /// Notes for the run's log (e.g. an image user mapped to the sandbox user).
     pub notices: Vec<String>,
 }
@@ -113,7 +118,17 @@ fn node_vm(
     };
     if let Some(reference) = &n.sandbox.image {
         match pull(reference).and_then(|p| root_image(&p, &mut vm)) {
-            Ok(()) => {}
+            Ok(()) => {
+                if let Action::Command(c) = &n.action {
+                    if let Err(e) = command_line(c, Some(&vm)) {
+                        failures.push(fail(
+                            NodeField::Sandbox("image"),
+                            format!("`{reference}`: {e}"),
+                            "set `run.program`, or use an image with an Entrypoint or Cmd",
+                        ));
+                    }
+                }
+            }
             Err(e) => failures.push(fail(NodeField::Sandbox("image"), e, PULL_HELP)),
         }
     }
@@ -210,7 +225,33 @@ fn root_image(p: &PulledImage, vm: &mut NodeVm) -> Result<(), String> {
     vm.notices.extend(notice);
     vm.env = image_env(&p.config);
     vm.workdir = p.config.working_dir.clone().filter(|w| !w.is_empty());
+    vm.entrypoint = p.config.entrypoint.clone();
+    vm.cmd = p.config.cmd.clone();
     Ok(())
+}
+
+/// The program and arguments of a command node: `run.program` and `run.args`, or without a
+/// program the root image's `Entrypoint` followed by `run.args` when given, else by its
+/// `Cmd` (Docker's rule). `Err` when there is no program and nothing to run in its place.
+pub fn command_line(
+    c: &crate::spec::model::Command,
+    vm: Option<&NodeVm>,
+) -> Result<(String, Vec<String>), String> {
+    if let Some(p) = &c.program {
+        return Ok((p.clone(), c.args.clone()));
+    }
+    let Some(vm) = vm.filter(|v| v.disks.images.iter().any(|d| d.role == DiskRole::Rootfs)) else {
+        return Err("`run` names no program and the node has no image to take one from".into());
+    };
+    let tail = if c.args.is_empty() { &vm.cmd } else { &c.args };
+    let mut argv = vm.entrypoint.iter().chain(tail).cloned();
+    match argv.next().filter(|p| !p.is_empty()) {
+        Some(program) => Ok((program, argv.collect())),
+        None if vm.entrypoint.is_empty() && vm.cmd.is_empty() => {
+            Err("the image has neither Entrypoint nor Cmd, and `run` names no program".into())
+        }
+        None => Err("the image's entrypoint starts with an empty program name".into()),
+    }
 }
 
 /// The uid:gid commands run as for an image's `User`: the sandbox user when it names none or
@@ -279,6 +320,66 @@ mod tests {
         assert!(image_user(&cfg(Some("ghost"), None))
             .unwrap_err()
             .contains("ghost"));
+    }
+
+    #[test]
+    fn entrypoint_and_cmd_follow_dockers_rule() {
+        let cmd = |program: Option<&str>, args: &[&str]| crate::spec::model::Command {
+            program: program.map(str::to_string),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: Default::default(),
+            workdir: None,
+        };
+        let image = |entrypoint: &[&str], cmd: &[&str]| NodeVm {
+            disks: VmDisks {
+                images: vec![ImageDisk {
+                    path: "/c/i.erofs".into(),
+                    digest: "sha256:i".into(),
+                    role: DiskRole::Rootfs,
+                }],
+                ..VmDisks::default()
+            },
+            entrypoint: entrypoint.iter().map(|a| a.to_string()).collect(),
+            cmd: cmd.iter().map(|a| a.to_string()).collect(),
+            ..NodeVm::default()
+        };
+        let line = |c, vm: &NodeVm| command_line(&c, Some(vm));
+        let both = image(&["/bin/serve", "--quiet"], &["--port", "80"]);
+        assert_eq!(
+            line(cmd(None, &[]), &both).unwrap(),
+            (
+                "/bin/serve".into(),
+                vec!["--quiet".into(), "--port".into(), "80".into()]
+            )
+        );
+        // `args` replace `Cmd`, never the entrypoint.
+        assert_eq!(
+            line(cmd(None, &["--port", "8080"]), &both).unwrap(),
+            (
+                "/bin/serve".into(),
+                vec!["--quiet".into(), "--port".into(), "8080".into()]
+            )
+        );
+        // Without an entrypoint, `Cmd` (or `args`) is the whole command line.
+        let only_cmd = image(&[], &["python3", "-m", "http.server"]);
+        assert_eq!(
+            line(cmd(None, &[]), &only_cmd).unwrap().0,
+            "python3".to_string()
+        );
+        assert_eq!(
+            line(cmd(None, &["sh", "-c", "true"]), &only_cmd).unwrap(),
+            ("sh".into(), vec!["-c".into(), "true".into()])
+        );
+        // A program always wins (Docker's `--entrypoint`).
+        assert_eq!(
+            line(cmd(Some("env"), &[]), &both).unwrap(),
+            ("env".into(), vec![])
+        );
+        assert!(line(cmd(None, &[]), &image(&[], &[]))
+            .unwrap_err()
+            .contains("neither Entrypoint nor Cmd"));
+        assert!(line(cmd(None, &[]), &image(&[""], &[])).is_err());
+        assert!(command_line(&cmd(None, &[]), None).is_err());
     }
 
     #[test]

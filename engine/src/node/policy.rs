@@ -17,11 +17,13 @@ use voidbox_protocol::{valid_allow_entry, GuestPolicy, ResourceLimits};
 use crate::plan::{Action, PlanNode};
 
 /// The programs `node`'s guest agent may start, in order, without duplicates;
-/// `runtime` is an agent node's runtime program ([`super::launch::launch`]).
-pub fn allowlist(node: &PlanNode, runtime: Option<&str>) -> Vec<String> {
+/// `program` is what the node starts: an agent node's runtime program
+/// ([`super::launch::launch`]), or the image entrypoint of a command node without
+/// `run.program` ([`super::oci_images::command_line`]).
+pub fn allowlist(node: &PlanNode, program: Option<&str>) -> Vec<String> {
     let own = match &node.action {
-        Action::Command(c) => Some(c.program.clone()),
-        Action::Agent(_) => runtime.map(str::to_string),
+        Action::Command(c) => c.program.clone().or_else(|| program.map(str::to_string)),
+        Action::Agent(_) => program.map(str::to_string),
         Action::Shell => None,
     };
     let mut out: Vec<String> = Vec::new();
@@ -39,10 +41,10 @@ pub fn allowlist(node: &PlanNode, runtime: Option<&str>) -> Vec<String> {
     out
 }
 
-/// The policy sent to `node`'s VMs (`runtime`: as for [`allowlist`]).
-pub fn node_policy(node: &PlanNode, runtime: Option<&str>) -> GuestPolicy {
+/// The policy sent to `node`'s VMs (`program`: as for [`allowlist`]).
+pub fn node_policy(node: &PlanNode, program: Option<&str>) -> GuestPolicy {
     GuestPolicy {
-        allowlist: Some(allowlist(node, runtime)),
+        allowlist: Some(allowlist(node, program)),
         rlimits: node.sandbox.limits.or_default(),
         max_timeout_secs: node.timeout_secs.filter(|&t| t > 0),
         ..GuestPolicy::default()

@@ -205,9 +205,15 @@ pub fn exec(n: &PlanNode, a: &Attempt) -> (String, Vec<KeyValue>) {
             (format!("invoke_agent {}", n.name), v)
         }
         (Action::Command(c), _) => {
-            v.push(KeyValue::new("process.executable.name", c.program.clone()));
+            // What started (an image's entrypoint has no `run.program`); else what was asked.
+            let program = a
+                .program
+                .clone()
+                .or_else(|| c.program.clone())
+                .unwrap_or_else(|| "entrypoint".into());
+            v.push(KeyValue::new("process.executable.name", program.clone()));
             v.push(KeyValue::new(OI_KIND, "CHAIN"));
-            (format!("exec {}", c.program), v)
+            (format!("exec {program}"), v)
         }
         _ => ("exec".to_string(), v),
     }

@@ -48,12 +48,22 @@ pub struct VmDisks {
     pub images: Vec<ImageDisk>,
     /// uid:gid commands run as (the image's `User`; `None`: the sandbox user).
     pub user: Option<(u32, u32)>,
+    /// Host shares go where the read-only system disk cannot take mount points
+    /// ([`voidbox_protocol::guest_paths::needs_writable_root`]): the guest makes its root
+    /// writable at boot. Set by [`super::SandboxConfig::set_shares`]; moot with a `Rootfs`
+    /// image (commands run in the image's writable overlay).
+    pub writable_root: bool,
 }
 
 impl VmDisks {
     /// True when the VM boots with the system disk only.
     pub fn is_empty(&self) -> bool {
-        self.images.is_empty() && self.user.is_none()
+        self.images.is_empty() && self.user.is_none() && !self.root_param()
+    }
+
+    /// Whether the guest is asked for a writable system root.
+    fn root_param(&self) -> bool {
+        self.writable_root && !self.images.iter().any(|d| d.role == DiskRole::Rootfs)
     }
 
     /// Checks what the guest agent would refuse: too many disks, a second root, mount
@@ -116,6 +126,9 @@ impl VmDisks {
         if let Some((uid, gid)) = self.user {
             out.push(format!("voidbox.user={uid}:{gid}"));
         }
+        if self.root_param() {
+            out.push(voidbox_protocol::guest_paths::WRITABLE_ROOT_PARAM.into());
+        }
         out
     }
 
@@ -128,6 +141,9 @@ impl VmDisks {
             .collect();
         if let Some((u, g)) = self.user {
             v.push(format!("user={u}:{g}"));
+        }
+        if self.root_param() {
+            v.push("root=rw".into());
         }
         v
     }
@@ -209,6 +225,8 @@ mod tests {
                 ),
             ],
             user: Some((1001, 1002)),
+            // An image root is writable already: no `voidbox.root=rw`.
+            writable_root: true,
         };
         d.check().unwrap();
         assert_eq!(
@@ -239,15 +257,28 @@ mod tests {
     }
 
     #[test]
+    fn shares_outside_the_tmpfs_trees_ask_for_a_writable_root() {
+        let d = VmDisks {
+            writable_root: true,
+            ..VmDisks::default()
+        };
+        assert!(!d.is_empty());
+        assert_eq!(d.boot_params(), ["voidbox.root=rw"]);
+        assert_ne!(d.key_parts(), VmDisks::default().key_parts());
+    }
+
+    #[test]
     fn refusals() {
         let two_roots = VmDisks {
             images: vec![disk("a", DiskRole::Rootfs), disk("b", DiskRole::Rootfs)],
             user: None,
+            writable_root: false,
         };
         assert!(two_roots.check().unwrap_err().contains("one root"));
         let root_user = VmDisks {
             images: vec![],
             user: Some((0, 0)),
+            writable_root: false,
         };
         assert!(root_user.check().unwrap_err().contains("root"));
         let many = VmDisks {
@@ -263,6 +294,7 @@ mod tests {
                 })
                 .collect(),
             user: None,
+            writable_root: false,
         };
         assert!(many.check().unwrap_err().contains("limit"));
         for bad in [

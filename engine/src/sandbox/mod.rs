@@ -115,6 +115,19 @@ impl SandboxConfig {
     }
 }
 
+impl SandboxConfig {
+    /// Sets the host shares, and asks for a writable guest root when one of them goes where
+    /// the read-only system disk cannot take a mount point (outside `/workspace` and
+    /// `/home`; [`disks::VmDisks::writable_root`]). Call after `disks`: that flag is part of
+    /// the disks' snapshot identity.
+    pub fn set_shares(&mut self, shares: Vec<shares::Share>) {
+        self.disks.writable_root = shares
+            .iter()
+            .any(|s| voidbox_protocol::guest_paths::needs_writable_root(&s.guest));
+        self.shares = shares;
+    }
+}
+
 /// A snapshot to restore a VM from, with the session secret of the VM it was taken of
 /// (used once, to authenticate the re-key right after the restore).
 #[derive(Debug, Clone)]

@@ -21,10 +21,14 @@ use voidbox_vmm::config::{ShareConfig, DEFAULT_SHARE_GUEST_ID, SHARE_SLOTS};
 
 use super::SandboxError;
 
+/// The guest-path rule of shares (shared with `validate` and the guest agent).
+pub use voidbox_protocol::guest_paths::check_share_path as check_guest_path;
+use voidbox_protocol::guest_paths::overlaps;
+
 /// Most shares per VM.
 pub const MAX_SHARES: usize = SHARE_SLOTS;
 /// Longest guest path of a share, in bytes (the guest agent's limit).
-pub const MAX_GUEST_PATH: usize = 256;
+pub const MAX_GUEST_PATH: usize = voidbox_protocol::guest_paths::MAX_SHARE_PATH;
 
 /// One host directory shared with the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,77 +39,6 @@ pub struct Share {
     pub guest: String,
     /// Refuse every change (enforced by the VMM).
     pub read_only: bool,
-}
-
-/// Guest paths a share may not be at or under.
-const RESERVED_TREES: [&str; 6] = [
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/etc/voidbox",
-    "/sbin/voidbox-agent",
-];
-/// Guest paths a share may not be at, nor hide by being mounted above them.
-const PROTECTED: [&str; 10] = [
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/etc/voidbox",
-    "/sbin/voidbox-agent",
-    "/workspace",
-    "/home",
-    "/home/sandbox",
-    "/tmp",
-];
-
-fn at_or_under(p: &str, tree: &str) -> bool {
-    p == tree || p.strip_prefix(tree).is_some_and(|r| r.starts_with('/'))
-}
-
-/// Checks a share's guest path: absolute, normalized (no empty, `.` or `..` component, no
-/// trailing `/`), at most [`MAX_GUEST_PATH`] bytes, without whitespace, control characters,
-/// `,` or `:`; not `/`, not at or under `/proc`, `/sys`, `/dev`, `/run`, `/etc/voidbox` or the
-/// agent's binary, not `/home`, `/home/sandbox` or `/tmp` themselves, and not
-/// a directory holding any of those (`/etc`, `/sbin`). Below `/workspace` or
-/// `/home/sandbox` is where shares usually go.
-pub fn check_guest_path(p: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("share guest path `{p}` {why}"));
-    if !p.starts_with('/') {
-        return bad("must be absolute");
-    }
-    if p.len() > MAX_GUEST_PATH {
-        return bad(&format!("is longer than {MAX_GUEST_PATH} bytes"));
-    }
-    if p.chars()
-        .any(|c| c.is_whitespace() || c.is_control() || c == ':' || c == ',')
-    {
-        return bad("must not contain whitespace, control characters, `:` or `,`");
-    }
-    if p == "/" {
-        return bad("must not be the guest's root");
-    }
-    // The project directory over the working directory (void-box's
-    // `--mount /project:/workspace:rw`): it hides only the VM's own empty `/workspace`.
-    if p == "/workspace" {
-        return Ok(());
-    }
-    if p[1..]
-        .split('/')
-        .any(|c| c.is_empty() || c == "." || c == "..")
-    {
-        return bad("must be normalised (no empty, `.` or `..` components, no trailing `/`)");
-    }
-    if let Some(t) = RESERVED_TREES.iter().find(|t| at_or_under(p, t)) {
-        return bad(&format!("must not be inside {t}"));
-    }
-    if let Some(t) = PROTECTED.iter().find(|t| at_or_under(t, p)) {
-        return bad(&format!(
-            "would hide {t} (use a path below /workspace, for example)"
-        ));
-    }
-    Ok(())
 }
 
 /// Checks the shares of a VM: at most [`MAX_SHARES`], host paths absolute existing
@@ -137,10 +70,7 @@ pub fn check(shares: &[Share], snapshot_control: bool) -> Result<(), SandboxErro
             return fail(format!("share host path {host} is not UTF-8"));
         }
         check_guest_path(&s.guest).or_else(fail)?;
-        if let Some(o) = shares[..i]
-            .iter()
-            .find(|o| at_or_under(&o.guest, &s.guest) || at_or_under(&s.guest, &o.guest))
-        {
+        if let Some(o) = shares[..i].iter().find(|o| overlaps(&o.guest, &s.guest)) {
             return fail(format!(
                 "shares at {} and {} overlap in the guest",
                 o.guest, s.guest
@@ -175,49 +105,6 @@ mod tests {
             guest: guest.into(),
             read_only,
         }
-    }
-
-    #[test]
-    fn guest_paths() {
-        for ok in [
-            "/workspace/src",
-            "/workspace",
-            "/home/sandbox/p",
-            "/mnt/x",
-            "/data",
-            "/opt/a/b",
-        ] {
-            assert_eq!(check_guest_path(ok), Ok(()), "{ok}");
-        }
-        for bad in [
-            "",
-            "rel",
-            "/",
-            "/home",
-            "/home/sandbox",
-            "/tmp",
-            "/proc/x",
-            "/sys",
-            "/dev/shm",
-            "/run/a",
-            "/etc",
-            "/etc/voidbox/a",
-            "/sbin",
-            "/sbin/voidbox-agent",
-            "/a/../b",
-            "/a/./b",
-            "/a//b",
-            "/a/",
-            "/a b",
-            "/a:b",
-            "/a,b",
-        ] {
-            assert!(check_guest_path(bad).is_err(), "{bad:?}");
-        }
-        assert!(check_guest_path(&format!("/{}", "a".repeat(MAX_GUEST_PATH))).is_err());
-        assert!(check_guest_path("/etc")
-            .unwrap_err()
-            .contains("/etc/voidbox"));
     }
 
     #[test]

@@ -154,6 +154,8 @@ pub struct Attempt {
     pub phases: Phases,
     /// What the guest's telemetry said the command used.
     pub guest: Option<GuestUsage>,
+    /// The program a command node started (its `run.program`, or the image's entrypoint).
+    pub program: Option<String>,
 }
 
 /// When an attempt's phases ran, in wall-clock time (each `(start, end)`).
@@ -268,6 +270,7 @@ impl Attempt {
             gateway: None,
             phases: Phases::default(),
             guest: None,
+            program: None,
         }
     }
 

@@ -151,16 +151,7 @@ impl Session {
     }
 }
 
-/// `runtime`'s variables, then those of `extra` the runtime does not set.
-pub fn merge_env(
-    runtime: Vec<(String, String)>,
-    extra: Vec<(String, String)>,
-) -> Vec<(String, String)> {
-    let own: Vec<String> = runtime.iter().map(|(k, _)| k.clone()).collect();
-    let mut env = runtime;
-    env.extend(extra.into_iter().filter(|(k, _)| !own.contains(k)));
-    env
-}
+pub use crate::node::launch::merge_env;
 
 /// The gateway's counters in one line: `gateway: 3 requests, 120 input tokens (40 cached),
 /// 15 output tokens`, with refused requests and upstream errors when there were any.

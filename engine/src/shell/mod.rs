@@ -395,7 +395,7 @@ fn vm_config(
         }
     }
     cfg.policy = Some(policy);
-    cfg.shares = mounts::shares(&setup.mounts);
+    cfg.set_shares(mounts::shares(&setup.mounts));
     Ok((cfg, p))
 }
 

@@ -227,6 +227,9 @@ fn root_plan_binds_what_the_agent_shares_and_the_skills_outside_them() {
     let l = layout(dir.path());
     std::fs::create_dir_all(l.system_path("/etc")).unwrap();
     std::fs::write(l.system_path("/etc/hosts"), "127.0.0.1 localhost\n").unwrap();
+    // The loader the runtimes disk provides (a file once that disk is mounted).
+    std::fs::create_dir_all(l.system_path("/lib")).unwrap();
+    std::fs::write(l.system_path(MUSL_LOADER), "").unwrap();
     let skills = [
         SkillDisk {
             device: "vdc".into(),
@@ -273,6 +276,7 @@ fn root_plan_binds_what_the_agent_shares_and_the_skills_outside_them() {
                 ..
             }) => format!("{fstype} {} {data}", target.display()),
             Inside::Mount(other) => format!("{other:?}"),
+            Inside::Provide(p) => format!("provide {}", p.display()),
         })
         .collect();
     assert_eq!(
@@ -285,8 +289,15 @@ fn root_plan_binds_what_the_agent_shares_and_the_skills_outside_them() {
             "bind sys/home/sandbox /home/sandbox false true",
             "bind sys/etc/hosts /etc/hosts true false",
             "bind sys/skills/a /skills/a false true",
+            "provide /lib/ld-musl-x86_64.so.1",
         ]
     );
+    // Without skill disks (so no runtimes disk) no loader is provided.
+    assert!(!root_plan(&l, "vdb", &[], false, false)
+        .unwrap()
+        .inside
+        .iter()
+        .any(|s| matches!(s, Inside::Provide(_))));
     // With network both generated files are required; without, the system root's
     // resolv.conf is never bound (the image keeps its own).
     std::fs::write(l.system_path("/etc/resolv.conf"), "").unwrap();
@@ -606,23 +617,30 @@ fn image_root_runs_commands_inside_the_image_with_skills() {
         .err()
         .unwrap();
     assert_eq!(code, ErrorCode::NotFound, "{msg}");
-    // A missing working directory inside the image fails the spawn, not the agent.
-    let bad = build_in(&env, "sh", &["-c", "true"], "/bin", Some("/no/such/dir")).unwrap();
-    let err = bad
-        .plan([0, 1, 2], false)
-        .unwrap()
-        .spawn()
-        .map(|_| ())
-        .unwrap_err();
-    let mut status = 0;
-    if let Some(pid) = err.0 {
-        // SAFETY: reaps our own failed child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-    }
+    // A missing working directory inside the image is made for the command user (an
+    // image's `WorkingDir`, as Docker does); one that is a file is refused at build.
+    let made = build_in(
+        &env,
+        "sh",
+        &["-c", "pwd; stat -c %u:%g ."],
+        "/bin",
+        Some("/no/such/dir"),
+    )
+    .unwrap();
+    assert_eq!(run(&made), (0, "/no/such/dir\n4321:4322\n".into()));
+    let (code, msg) = build_in(
+        &env,
+        "sh",
+        &["-c", "true"],
+        "/bin",
+        Some("/opt/tool/bin/only-in-image/x"),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(code, ErrorCode::Io, "{msg}");
     assert!(
-        err.1.to_string().contains("changing directory"),
-        "{}",
-        err.1
+        msg.contains("only-in-image is not a directory") && msg.contains("the working directory"),
+        "{msg}"
     );
 }
 

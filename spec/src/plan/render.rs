@@ -9,7 +9,8 @@
 //!   "levels": [ [str] ],             // node names, level by level (parallel within a level)
 //!   "nodes": [ { "name": str, "level": int (1-based), "type": "command"|"agent"|"shell",
 //!                "fan_out": int|null,  // the fan-out group
-//!                "run": null|{ "program": str, "args": [str] },
+//!                "run": null|{ "program": str|null (null: the image's entrypoint),
+//!                              "args": [str] },
 //!                "agent": null|{ "provider": str, "model": str|null, "prompt": str,
 //!                                "skills": int },
 //!                "memory_mb": int, "vcpus": int, "timeout_secs": int (effective),
@@ -158,7 +159,10 @@ fn shell_word(s: &str) -> String {
 pub fn describe_action(node: &PlanNode) -> String {
     match &node.action {
         Action::Command(c) => {
-            let mut words = vec![shell_word(&c.program)];
+            let mut words = vec![match &c.program {
+                Some(p) => shell_word(p),
+                None => "<image entrypoint>".into(),
+            }];
             words.extend(c.args.iter().map(|a| shell_word(a)));
             truncate(&words.join(" "), 60)
         }

@@ -3,6 +3,7 @@
 //! Every problem in a file is reported at once, each with a stable code and a location.
 
 pub mod artifacts;
+pub mod entrypoints;
 pub mod image_refs;
 pub mod names;
 pub mod network;

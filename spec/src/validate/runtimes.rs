@@ -27,10 +27,16 @@ pub fn is_known(name: &str) -> bool {
 pub type Programs<'p> = &'p dyn Fn() -> Option<&'p BTreeSet<String>>;
 
 /// Checks the `agent:` and `cli:` skills of every agent node of `root`.
+/// `cli:` programs of a node in an OCI `sandbox.image` come from that image, which is not
+/// known here: they are not checked.
 pub fn check(root: &Node, programs: Programs<'_>, out: &mut Vec<Diagnostic>) {
     let spec_provider = provider(root);
+    let unknown: Programs<'_> = &|| None;
+    let in_image = |n: &Node| n.get("sandbox").and_then(|s| s.get("image")).is_some();
+    let spec_image = in_image(root);
     if root.get("kind").and_then(Node::as_str) == Some("agent") {
         if let Some(agent) = root.get("agent") {
+            let programs = if spec_image { unknown } else { programs };
             check_node(agent, spec_provider, programs, out);
         }
     }
@@ -41,6 +47,11 @@ pub fn check(root: &Node, programs: Programs<'_>, out: &mut Vec<Diagnostic>) {
     {
         for b in boxes.iter().filter(|b| b.get("prompt").is_some()) {
             let own = provider(b).or(spec_provider);
+            let programs = if spec_image || in_image(b) {
+                unknown
+            } else {
+                programs
+            };
             check_node(b, own, programs, out);
         }
     }
@@ -190,5 +201,10 @@ mod tests {
             codes(text, Some(&programs)),
             [("voidbox::cli_not_found", 5)]
         );
+        // In an OCI image the programs are the image's: not checked.
+        let in_image = "kind: agent\nname: a\nsandbox: {image: 'python:3.12-slim'}\nagent:\n  prompt: hi\n  skills: [\"cli:python3\"]\n";
+        assert!(codes(in_image, Some(&programs)).is_empty());
+        let box_image = "kind: pipeline\nname: p\npipeline:\n  boxes:\n    - name: a\n      prompt: hi\n      skills: [\"cli:python3\"]\n      sandbox: {image: 'python:3'}\n";
+        assert!(codes(box_image, Some(&programs)).is_empty());
     }
 }

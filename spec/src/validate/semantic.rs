@@ -22,6 +22,7 @@ pub fn check(root: &Node, base: &Path, facts: super::HostFacts<'_>, out: &mut Ve
     crate::validate::names::check(root, out);
     crate::validate::image_refs::check(root, out);
     crate::validate::network::check(root, out);
+    crate::validate::entrypoints::check(root, out);
     if let Some(sandbox) = root.get("sandbox") {
         check_sandbox(sandbox, base, out);
     }
@@ -190,16 +191,11 @@ fn check_mounts(mounts: Option<&Node>, base: &Path, out: &mut Vec<Diagnostic>) {
         }
         if let Some(guest) = m.get("guest") {
             if let Some(g) = guest.as_str().filter(|g| !g.is_empty()) {
-                if !g.starts_with('/') || g.split('/').any(|c| c == "..") {
+                // The rule the engine and the guest agent apply: what passes here mounts.
+                if let Err(why) = voidbox_protocol::guest_paths::check_share_path(g) {
                     out.push(
-                        Diagnostic::error(
-                            "voidbox::invalid_mount",
-                            format!(
-                                "mount guest path `{g}` must be absolute and must not contain `..`"
-                            ),
-                            guest.span,
-                        )
-                        .with_help("for example `/workspace/src`"),
+                        Diagnostic::error("voidbox::invalid_mount", why, guest.span)
+                            .with_help("for example `/workspace/src`, `/mnt/data` or `/srv/cache`"),
                     );
                 }
             }

@@ -312,3 +312,36 @@ fn codex_opens_its_tui_and_the_mock_cannot() {
 fn toml_strings_are_escaped() {
     assert_eq!(toml_string("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
 }
+
+#[test]
+fn an_image_path_follows_the_runtimes_directories() {
+    let runtime = vec![
+        ("HOME".to_string(), HOME.to_string()),
+        (
+            "PATH".to_string(),
+            format!("/opt/voidbox/runtimes/npm/claude/bin:{SYSTEM_PATH}:/opt/voidbox/runtimes/npm/bash/bin"),
+        ),
+    ];
+    let image = vec![
+        (
+            "PATH".to_string(),
+            "/usr/local/python/bin:/usr/bin:/bin".to_string(),
+        ),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("HOME".to_string(), "/root".to_string()),
+    ];
+    let env = merge_env(runtime.clone(), image);
+    assert_eq!(
+        env,
+        [
+            ("HOME".to_string(), HOME.to_string()),
+            (
+                "PATH".to_string(),
+                "/opt/voidbox/runtimes/npm/claude/bin:/opt/voidbox/runtimes/npm/bash/bin:/usr/local/python/bin:/usr/bin:/bin".to_string()
+            ),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+        ]
+    );
+    // Without a node PATH the runtime's stays whole.
+    assert_eq!(merge_env(runtime.clone(), vec![]), runtime);
+}
