@@ -156,6 +156,7 @@ fn main() {
         // No DNS in this workload; a closed local port keeps the NAT off the host's resolver.
         dns_upstreams: vec!["127.0.0.1:9".parse().unwrap_or_else(|e| panic!("{e}"))],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     });
     let mut sb = Sandbox::start(&cfg).unwrap_or_else(|e| panic!("VM: {e}"));
     sb.write_file("/workspace/netbench", &client, Some(0o755))

@@ -9,7 +9,9 @@
 //! virtio-9p: [`crate::sandbox::shares`]).
 //!
 //! `--network` (or any policy flag) gives the VM a network device behind a user-mode NAT;
-//! what the NAT denied is listed on stderr after the command.
+//! what the NAT denied is listed on stderr after the command. `--publish` forwards host TCP
+//! addresses to guest ports through that NAT ([`crate::network::publish`]); a host address
+//! that cannot be listened on is exit 3 before the VM boots.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -58,6 +60,11 @@ pub struct RunArgs {
     /// Network device and policy.
     #[command(flatten)]
     pub network: crate::network::flags::NetworkArgs,
+    /// Forward host TCP connections to a guest port: [ADDR:]HOST_PORT:GUEST_PORT (loopback
+    /// unless ADDR is given; repeatable). Gives the VM a network device; without `--network`
+    /// the guest itself reaches nothing outside.
+    #[arg(long = "publish", short = 'p', value_name = "[ADDR:]HOST:GUEST", value_parser = crate::network::publish::parse)]
+    pub publish: Vec<voidbox_net::Publish>,
     /// The command and its arguments. Everything from the first value on is the command's
     /// (`run ls -la`); a flag before it is voidbox's own, so a misspelt one
     /// (`run --memory 512 -- true`) is a usage error, not the program to start.
@@ -85,12 +92,21 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         }
     };
     let policy = match args.network.policy() {
+        // Published ports need the NAT; the guest's own egress stays off unless asked for.
+        Ok(None) if !args.publish.is_empty() => Some(voidbox_net::NetworkPolicy {
+            public_egress: false,
+            ..voidbox_net::NetworkPolicy::default()
+        }),
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(2);
         }
     };
+    if let Err(e) = crate::network::publish::check_free(&args.publish) {
+        eprintln!("error: {e}");
+        return Ok(3);
+    }
     let dns_upstreams = match policy
         .as_ref()
         .map(|_| crate::network::upstreams::from_env())
@@ -115,7 +131,17 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
     cfg.boot_timeout = Duration::from_secs(args.boot_timeout);
-    cfg.network = policy.map(|p| crate::network::nat_config(p, &dns_upstreams));
+    cfg.network = policy.map(|p| {
+        let mut nat = crate::network::nat_config(p, &dns_upstreams);
+        nat.publish = args.publish.clone();
+        nat
+    });
+    for p in &args.publish {
+        eprintln!(
+            "voidbox: publishing {} -> guest port {}",
+            p.host, p.guest_port
+        );
+    }
     let timeout = Timeout::flag(args.timeout);
     // Host-side backstop: the VMM exits on its own once the guest had its full time.
     cfg.wall_limit = Some(cfg.boot_timeout + Duration::from_secs(timeout.secs + 60));

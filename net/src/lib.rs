@@ -97,6 +97,8 @@ mod host;
 #[cfg(feature = "nat")]
 mod icmp;
 #[cfg(feature = "nat")]
+mod inbound;
+#[cfg(feature = "nat")]
 mod nat;
 #[cfg(feature = "nat")]
 mod phy;
@@ -218,7 +220,24 @@ pub struct NatConfig {
     /// The guest's MAC address.
     #[serde(default = "default_guest_mac")]
     pub guest_mac: [u8; 6],
+    /// Host addresses whose TCP connections are forwarded to guest ports (`voidbox run
+    /// --publish`): bound when the NAT is built, whatever the egress policy says.
+    #[serde(default)]
+    pub publish: Vec<Publish>,
 }
+
+/// One published port: TCP connections to `host` are relayed to the guest's `guest_port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Publish {
+    /// The host address to listen on (`127.0.0.1:8080`).
+    pub host: SocketAddr,
+    /// The guest's TCP port.
+    pub guest_port: u16,
+}
+
+/// Most connections from published ports relayed at once; more wait in the listen backlog.
+pub const MAX_INBOUND: usize = 64;
 
 fn default_guest_mac() -> [u8; 6] {
     DEFAULT_GUEST_MAC
@@ -263,6 +282,14 @@ pub enum NatError {
     /// A host socket could not be created.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A published host address could not be listened on.
+    #[error("publishing {addr}: {source}")]
+    Publish {
+        /// The host address.
+        addr: SocketAddr,
+        /// Why (address in use, not local, …).
+        source: std::io::Error,
+    },
 }
 
 /// Most frames queued toward the guest; host sockets are not read while the queue is full.

@@ -32,6 +32,10 @@ pub struct Nat {
     pub(crate) next_session: u64,
     /// Receive buffer for datagrams (UDP, ICMP, DNS replies).
     pub(crate) scratch: Vec<u8>,
+    /// Published ports ([`crate::inbound`]).
+    pub(crate) inbound: Vec<inbound::Listener>,
+    /// Where the next inbound connection's local port search starts.
+    pub(crate) next_inbound_port: u32,
 }
 
 // The VMM moves the NAT to its network thread.
@@ -48,6 +52,7 @@ impl Nat {
         } else {
             config.dns_upstreams.clone()
         };
+        let inbound = inbound::bind(&config.publish)?;
         let epoch = Instant::now();
         let mut rng = Rng::seeded();
         let mut phy = phy::Phy::new(TO_GUEST_QUEUE, TO_GUEST_QUEUE_BYTES);
@@ -81,6 +86,8 @@ impl Nat {
             rng,
             next_session: 0,
             scratch: vec![0; 65536],
+            inbound,
+            next_inbound_port: 0,
         })
     }
 
@@ -118,6 +125,7 @@ impl Nat {
         let started = Instant::now();
         self.phy.tx_blocked = false;
         self.tcp_poll_connects(now);
+        self.inbound_poll(now);
         self.tcp_relay(now);
         self.dns_poll(now);
         self.dns_tcp_poll(now);
@@ -135,6 +143,7 @@ impl Nat {
     pub fn poll_fds(&self, out: &mut Vec<(RawFd, i16)>) {
         let room = !self.phy.is_full();
         self.tcp_poll_fds(room, out);
+        self.inbound_poll_fds(room, out);
         self.udp_poll_fds(room, out);
         self.icmp_poll_fds(room, out);
         self.dns_poll_fds(room, out);

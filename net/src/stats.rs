@@ -48,6 +48,8 @@ pub struct NatStats {
     pub tcp_connect_failures: u64,
     /// TCP connections relayed (host connected and guest handshake started).
     pub tcp_established: u64,
+    /// Connections accepted on published ports and opened toward the guest.
+    pub inbound_accepted: u64,
     /// TCP payload bytes relayed guest → host.
     pub tcp_bytes_to_host: u64,
     /// TCP payload bytes relayed host → guest.

@@ -50,6 +50,23 @@ pub(crate) struct Relay {
     write_blocked: bool,
     /// When the smoltcp socket was first seen closed.
     closed_at: Option<Instant>,
+    /// Opened from a published port ([`crate::inbound`]), not by the guest.
+    pub(crate) inbound: bool,
+}
+
+impl Relay {
+    /// A relay between smoltcp socket `handle` and `host`.
+    pub(crate) fn new(handle: SocketHandle, host: Socket, inbound: bool) -> Relay {
+        Relay {
+            handle,
+            host: Some(host),
+            host_eof: false,
+            host_wr_shut: false,
+            write_blocked: false,
+            closed_at: None,
+            inbound,
+        }
+    }
 }
 
 /// A smoltcp socket listening on exactly `dst:port`, about to take one SYN.
@@ -215,17 +232,7 @@ impl Nat {
         match self.admit_syn(key.dst, key.dst_port, &c.syn, now) {
             Some(handle) => {
                 self.stats.tcp_established += 1;
-                self.tcp.insert(
-                    key,
-                    Relay {
-                        handle,
-                        host: Some(c.sock),
-                        host_eof: false,
-                        host_wr_shut: false,
-                        write_blocked: false,
-                        closed_at: None,
-                    },
-                );
+                self.tcp.insert(key, Relay::new(handle, c.sock, false));
             }
             None => {
                 if let Ok(frames::Parsed::Tcp(t)) = frames::parse(&c.syn, self.guest_mac) {

@@ -250,6 +250,7 @@ fn upstream_failure_gives_servfail_after_next_upstream() {
         policy: NetworkPolicy::default(),
         dns_upstreams: vec![silent.local_addr().unwrap(), closed],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     })
     .unwrap();
     let q = query_message(99, "x.test", RecordType::A).unwrap();

@@ -513,6 +513,7 @@ fn new_reads_resolv_conf_when_no_upstream() {
         policy: NetworkPolicy::default(),
         dns_upstreams: vec![],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     };
     let host = std::fs::read_to_string("/etc/resolv.conf")
         .map(|t| voidbox_net::parse_resolv_conf(&t))

@@ -86,3 +86,77 @@ fn killing_the_vmm_mid_exec_is_reported() {
         "stderr: {stderr}"
     );
 }
+
+/// `voidbox run --publish`: busybox `httpd` in the guest, reached from the host through the
+/// published loopback port while the command runs; without `--network` the guest itself
+/// reaches nothing outside. SIGTERM ends it with no VMM left.
+#[test]
+fn a_published_port_is_reached_from_the_host() {
+    if guest_image().is_none() {
+        return;
+    }
+    let port = voidbox_tests::free_port();
+    let mut cli = voidbox_tests::KillOnDrop(
+        Command::new(VOIDBOX)
+            .args(["run", "--memory-mb", "128", "--timeout", "300", "--publish"])
+            .arg(format!("127.0.0.1:{port}:8080"))
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "mkdir -p /workspace/www && echo published-ok > /workspace/www/index.html && \
+                 if wget -q -T 3 -O- http://1.1.1.1/ >/dev/null 2>&1; then echo EGRESS; fi; \
+                 echo serving; exec httpd -f -p 8080 -h /workspace/www",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(cli.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "serving\n", "the guest reached outside, or failed");
+    // The server starts right after; the first request may race it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let got = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+            use std::io::{Read, Write};
+            s.set_read_timeout(Some(Duration::from_secs(20)))?;
+            s.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut r = String::new();
+            s.read_to_string(&mut r)?;
+            Ok(r)
+        });
+        match got {
+            Ok(r) if r.contains("200") => break r,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(300)),
+            other => panic!("no answer on the published port: {other:?}"),
+        }
+    };
+    assert!(body.ends_with("published-ok\n"), "{body}");
+    let vmm = child_pids(cli.0.id());
+    assert_eq!(vmm.len(), 1, "{vmm:?}");
+    let st = Command::new("kill")
+        .args(["-TERM", &cli.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t0 = Instant::now();
+    let status = cli.0.wait().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(30), "slow to stop");
+    assert!(!status.success(), "{status:?}");
+    // The VMM dies with it (its parent-death signal): gone, or a zombie awaiting reaping.
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", vmm[0])).map_or(true, |st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(gone(), "the VMM outlived voidbox run");
+}

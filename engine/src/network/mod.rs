@@ -6,6 +6,7 @@
 //! network device at all.
 
 pub mod flags;
+pub mod publish;
 
 pub use voidbox_spec::network_policy::{
     checks, summary, CONNECTIONS_PER_SECOND_LIMIT, MAX_CONNECTIONS_LIMIT,
@@ -29,6 +30,7 @@ pub fn nat_config(policy: NetworkPolicy, dns_upstreams: &[SocketAddr]) -> NatCon
         policy,
         dns_upstreams: dns_upstreams.to_vec(),
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     }
 }
 

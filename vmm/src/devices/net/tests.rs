@@ -823,6 +823,7 @@ fn nat() -> Nat {
         policy: NetworkPolicy::default(),
         dns_upstreams: vec!["127.0.0.1:53".parse().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     })
     .expect("building the NAT")
 }
@@ -1169,6 +1170,7 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
         },
         dns_upstreams: vec![upstream.local_addr().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
+        publish: Vec::new(),
     })
     .unwrap();
     let h = H::new();
