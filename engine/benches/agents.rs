@@ -27,8 +27,14 @@
 //! and "VM ready" is the attempt's start plus its boot (the host work before the boot —
 //! starting the gateway, staging the kit — is a few ms and is printed separately).
 //!
-//! `VOIDBOX_BENCH_RUNS` (default 1) runs per runtime, `VOIDBOX_BENCH_MEMORY_MB` (default
-//! 2048) the guest memory. This binary doubles as its own VMM.
+//! Each runtime runs twice per round: in the guest image's own root, and with an OCI image as
+//! its root (`sandbox.image`: a busybox image from a local registry, pulled and converted as
+//! `apply` does, the runtimes disk and its loader inside it) — the same scripted model, so
+//! the difference is what the image root costs.
+//!
+//! `VOIDBOX_BENCH_RUNS` (default 1) runs per runtime and root, `VOIDBOX_BENCH_MEMORY_MB`
+//! (default 2048) the guest memory, `VOIDBOX_BENCH_ROOTS` (`guest,image`, the default; or
+//! one of them). This binary doubles as its own VMM.
 
 mod common;
 
@@ -108,8 +114,15 @@ fn sched() -> SchedOptions {
 }
 
 /// The executor for `plan`: its endpoints resolved (no overrides from this environment),
-/// the runtimes disk attached to every node, golden snapshots on.
-fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> Arc<Timed> {
+/// the runtimes disk attached to every node (after `root`, the image root, when given),
+/// golden snapshots on.
+fn executor(
+    image: &GuestImage,
+    disk: &ImageDisk,
+    root: Option<&voidbox_oci::PulledImage>,
+    plan: &Plan,
+    logs: &Path,
+) -> Arc<Timed> {
     let endpoints = voidbox::node::launch::endpoints(plan, &|_| None).unwrap_or_else(|f| {
         panic!(
             "{:?}",
@@ -119,6 +132,16 @@ fn executor(image: &GuestImage, disk: &ImageDisk, plan: &Plan, logs: &Path) -> A
     let mut node_vms = std::collections::HashMap::new();
     for n in plan.graph.node_weights() {
         let mut vm = voidbox::node::oci_images::NodeVm::default();
+        if let Some(p) = root {
+            vm.disks.images.push(ImageDisk {
+                path: p.rootfs_disk.clone(),
+                digest: p.manifest_digest.clone(),
+                role: DiskRole::Rootfs,
+            });
+            vm.disks.user = Some(voidbox::node::oci_images::SANDBOX_USER);
+            vm.env = voidbox::node::oci_images::image_env(&p.config);
+            vm.workdir = p.config.working_dir.clone();
+        }
         vm.disks.images.push(disk.clone());
         node_vms.insert(n.name.clone(), vm);
     }
@@ -222,6 +245,7 @@ fn vmm_memory(pid: &str, guest_kib: u64) -> Option<(u64, u64, u64)> {
 /// What one measured run saw.
 struct Sample {
     runtime: &'static str,
+    root: &'static str,
     vm_start: &'static str,
     boot: Duration,
     first_request: Duration,
@@ -235,17 +259,19 @@ struct Sample {
     result: String,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure(
     runtime: &'static str,
     llm: &str,
     server: &Server,
     image: &GuestImage,
     disk: &ImageDisk,
+    root: Option<&voidbox_oci::PulledImage>,
     memory_mb: usize,
     logs: &Path,
 ) -> Sample {
     let p = Arc::new(plan(&agent_spec(runtime, llm, memory_mb)));
-    let exec = executor(image, disk, &p, logs);
+    let exec = executor(image, disk, root, &p, logs);
     let seen_before = server.model_calls().len();
     let done = Arc::new(AtomicBool::new(false));
     // Arrival times of model calls, polled on this thread while the run goes on.
@@ -316,6 +342,7 @@ fn measure(
     let total = t_exit.duration_since(t_enter);
     Sample {
         runtime,
+        root: if root.is_some() { "image" } else { "guest" },
         vm_start: if a.restored == Some(true) {
             "snapshot"
         } else {
@@ -370,27 +397,58 @@ fn main() {
         },
     };
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let roots = std::env::var("VOIDBOX_BENCH_ROOTS").unwrap_or_else(|_| "guest,image".into());
+    // The image root: busybox from a local registry, pulled into a scratch cache.
+    let registry = voidbox_oci::testing::Registry::start().unwrap_or_else(|e| panic!("{e}"));
+    let cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let pulled = {
+        voidbox_oci::testing::ImageBuilder::busybox()
+            .and_then(|b| b.working_dir("/project").push(&registry, "bench-root:1"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = voidbox_oci::Store::open(cache.path()).unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        rt.block_on(store.pull(
+            &registry.reference("bench-root:1"),
+            &voidbox_oci::PullOptions::default(),
+            &voidbox_oci::NoProgress,
+        ))
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut variants: Vec<Option<&voidbox_oci::PulledImage>> = Vec::new();
+    for r in roots.split(',') {
+        match r.trim() {
+            "guest" => variants.push(None),
+            "image" => variants.push(Some(&pulled)),
+            other => panic!("VOIDBOX_BENCH_ROOTS: unknown root `{other}`"),
+        }
+    }
 
-    // The golden snapshot of this VM shape (created here if missing, not in a measured run).
+    // The golden snapshot of each VM shape (created here if missing, not in a measured run).
     let warm = Arc::new(plan(&warm_up_spec(memory_mb)));
-    let t = Instant::now();
-    let r = run_with_signals(
-        warm.clone(),
-        executor(&image, &disk, &warm, logs.path()),
-        sched(),
-        Arc::new(Silent),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert!(r.success(), "warm-up: {:?}", r.nodes[0].last);
-    println!(
-        "warm-up node (golden snapshot {}): {}\n",
-        if r.nodes[0].last.as_ref().and_then(|a| a.restored) == Some(true) {
-            "cached"
-        } else {
-            "created"
-        },
-        secs(t.elapsed())
-    );
+    for root in &variants {
+        let t = Instant::now();
+        let r = run_with_signals(
+            warm.clone(),
+            executor(&image, &disk, *root, &warm, logs.path()),
+            sched(),
+            Arc::new(Silent),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(r.success(), "warm-up: {:?}", r.nodes[0].last);
+        println!(
+            "warm-up node, {} root (golden snapshot {}): {}\n",
+            if root.is_some() { "image" } else { "guest" },
+            if r.nodes[0].last.as_ref().and_then(|a| a.restored) == Some(true) {
+                "cached"
+            } else {
+                "created"
+            },
+            secs(t.elapsed())
+        );
+    }
 
     // Host work before the boot: starting one credential gateway.
     let server = Server::start(Script::new([Turn::text(REPLY)]));
@@ -424,23 +482,36 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..runs {
         for (runtime, llm) in [("claude-code", &claude_llm), ("codex", &codex_llm)] {
-            let s = measure(runtime, llm, &server, &image, &disk, memory_mb, logs.path());
-            eprintln!(
-                "{runtime}: exec {} ({} model requests)",
-                secs(s.exec),
-                s.requests
-            );
-            samples.push(s);
+            for root in &variants {
+                let s = measure(
+                    runtime,
+                    llm,
+                    &server,
+                    &image,
+                    &disk,
+                    *root,
+                    memory_mb,
+                    logs.path(),
+                );
+                eprintln!(
+                    "{runtime} ({} root): exec {} ({} model requests)",
+                    s.root,
+                    secs(s.exec),
+                    s.requests
+                );
+                samples.push(s);
+            }
         }
     }
 
     println!("## one turn, {memory_mb} MiB, 1 vCPU (times from VM ready unless said)\n");
-    println!("| runtime | VM start | VM ready (boot) | first model request | first token | last model request | done (exec) | last request → exit | host after exec | requests | guest memory touched | … written since restore | VMM RSS |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| runtime | root | VM start | VM ready (boot) | first model request | first token | last model request | done (exec) | last request → exit | host after exec | requests | guest memory touched | … written since restore | VMM RSS |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in &samples {
         println!(
-            "| {} | {} | {} | {} | {}* | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {}* | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.runtime,
+            s.root,
             s.vm_start,
             secs(s.boot),
             secs(s.first_request),
