@@ -11,13 +11,11 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Instant;
 
-use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, IpEndpoint, IpListenEndpoint};
 use socket2::{Domain, Socket, Type};
 
 use crate::tcp::{FlowKey, Relay};
-use crate::TCP_PEER_TIMEOUT;
-use crate::{Nat, NatError, Publish, GATEWAY_IP, GUEST_IP, MAX_INBOUND, TCP_BUFFER};
+use crate::{Nat, NatError, Publish, GATEWAY_IP, GUEST_IP, MAX_INBOUND};
 
 /// Listen backlog of each published port.
 const BACKLOG: i32 = 128;
@@ -102,14 +100,7 @@ impl Nat {
             log::debug!("net: no free local port for an inbound connection");
             return;
         };
-        let mut socket = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; TCP_BUFFER]),
-            tcp::SocketBuffer::new(vec![0; TCP_BUFFER]),
-        );
-        socket.set_nagle_enabled(false);
-        socket.set_timeout(Some(smoltcp::time::Duration::from_micros(
-            TCP_PEER_TIMEOUT.as_micros() as u64,
-        )));
+        let mut socket = crate::tcp::relay_socket();
         let remote = IpEndpoint::new(IpAddress::Ipv4(GUEST_IP), guest_port);
         let local = IpListenEndpoint {
             addr: Some(IpAddress::Ipv4(GATEWAY_IP)),

@@ -69,8 +69,9 @@ impl Relay {
     }
 }
 
-/// A smoltcp socket listening on exactly `dst:port`, about to take one SYN.
-fn listener(dst: Ipv4Addr, port: u16) -> Option<tcp::Socket<'static>> {
+/// A smoltcp socket for one relayed connection: [`TCP_BUFFER`] each way, no Nagle, the
+/// peer timeout.
+pub(crate) fn relay_socket() -> tcp::Socket<'static> {
     let mut socket = tcp::Socket::new(
         tcp::SocketBuffer::new(vec![0; TCP_BUFFER]),
         tcp::SocketBuffer::new(vec![0; TCP_BUFFER]),
@@ -79,6 +80,12 @@ fn listener(dst: Ipv4Addr, port: u16) -> Option<tcp::Socket<'static>> {
     socket.set_timeout(Some(smoltcp::time::Duration::from_micros(
         TCP_PEER_TIMEOUT.as_micros() as u64,
     )));
+    socket
+}
+
+/// A smoltcp socket listening on exactly `dst:port`, about to take one SYN.
+fn listener(dst: Ipv4Addr, port: u16) -> Option<tcp::Socket<'static>> {
+    let mut socket = relay_socket();
     socket
         .listen(IpListenEndpoint {
             addr: Some(IpAddress::Ipv4(dst)),

@@ -5,8 +5,8 @@
 //! A share's guest path is absolute and normalized (no empty, `.` or `..` component, no
 //! trailing `/`), at most [`MAX_SHARE_PATH`] bytes, without whitespace, control characters,
 //! `,` or `:`. It is not `/`, not at or under a [`RESERVED_TREES`] entry, and neither one of
-//! [`PROTECTED`] nor a directory holding one (`/etc`, `/sbin`, `/opt`): a mount there would
-//! hide what the guest or the agent needs. `/workspace` itself is allowed: the project
+//! those or [`PROTECTED`] nor a directory holding one (`/etc`, `/sbin`, `/opt`): a mount
+//! there would hide what the guest or the agent needs. `/workspace` itself is allowed: the project
 //! directory over the working directory (void-box's `--mount /project:/workspace:rw`).
 //!
 //! Mount points are created when missing. On the guest's read-only system disk only the
@@ -28,20 +28,9 @@ pub const RESERVED_TREES: [&str; 7] = [
     "/opt/voidbox",
 ];
 
-/// Guest paths a share may not be at, nor hide by being mounted above them.
-pub const PROTECTED: [&str; 11] = [
-    "/proc",
-    "/sys",
-    "/dev",
-    "/run",
-    "/etc/voidbox",
-    "/sbin/voidbox-agent",
-    "/opt/voidbox",
-    "/workspace",
-    "/home",
-    "/home/sandbox",
-    "/tmp",
-];
+/// Guest paths a share may not hide by being mounted above them (besides
+/// [`RESERVED_TREES`], which it may not be at or under either).
+pub const PROTECTED: [&str; 4] = ["/workspace", "/home", "/home/sandbox", "/tmp"];
 
 /// The working directory, which a share may replace whole.
 pub const WORKSPACE: &str = "/workspace";
@@ -89,7 +78,11 @@ pub fn check_share_path(p: &str) -> Result<(), String> {
     if let Some(t) = RESERVED_TREES.iter().find(|t| at_or_under(p, t)) {
         return bad(&format!("must not be inside {t}"));
     }
-    if let Some(t) = PROTECTED.iter().find(|t| at_or_under(t, p)) {
+    if let Some(t) = RESERVED_TREES
+        .iter()
+        .chain(&PROTECTED)
+        .find(|t| at_or_under(t, p))
+    {
         return bad(&format!(
             "would hide {t} (use a path below /workspace, for example)"
         ));
