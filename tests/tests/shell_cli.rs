@@ -550,16 +550,17 @@ fn shell_refuses_what_apply_refuses_at_its_line_before_a_vm_starts() {
         err.contains("llm.base_url") && err.contains("unreachable"),
         "{err}"
     );
-    // A sandbox spec gets the same checks: a mount apply refuses is refused at its line.
+    // A sandbox spec gets the same checks: a mount apply refuses (a host file where a
+    // directory is shared) is refused at its line.
     let spec = voidbox_tests::write_file(
         dir.path(),
         "mnt.yaml",
-        "api_version: v1\nkind: sandbox\nname: s\nsandbox:\n  mounts:\n    - {host: /tmp, guest: /proc/x}\n",
+        "api_version: v1\nkind: sandbox\nname: s\nsandbox:\n  mounts:\n    - {host: /etc/passwd, guest: /srv/x}\n",
     );
     let (code, err) = shell_refused(&[&spec], &[]);
     assert_eq!(code, Some(3), "{err}");
     assert!(
-        err.contains(&format!("{spec}:6:")) && err.contains("/proc/x"),
+        err.contains(&format!("{spec}:6:")) && err.contains("not a directory"),
         "{err}"
     );
 }
