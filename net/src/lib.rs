@@ -78,7 +78,9 @@
 //! `SOCK_NONBLOCK | SOCK_CLOEXEC`: `AF_INET/SOCK_STREAM/IPPROTO_TCP`,
 //! `AF_INET/SOCK_DGRAM/IPPROTO_UDP`, `AF_INET6/SOCK_DGRAM/IPPROTO_UDP` for IPv6 DNS upstreams,
 //! `AF_INET/SOCK_DGRAM/IPPROTO_ICMP`), `connect`, `getsockopt(SOL_SOCKET, SO_ERROR)`, `sendto`
-//! (with `MSG_NOSIGNAL`), `recvfrom`, `shutdown(SHUT_WR)` and `close`.
+//! (with `MSG_NOSIGNAL`), `recvfrom`, `shutdown(SHUT_WR)`, `close` and, with published
+//! ports ([`NatConfig::publish`], bound and listening in [`Nat::new`]),
+//! `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`.
 
 #![forbid(unsafe_code)]
 

@@ -347,8 +347,9 @@ pub fn snapshot_ioctls() -> Vec<u64> {
 /// Syscalls allowed on the net thread only, without argument filtering: `connect` on the
 /// NAT's sockets (created at run time, so their descriptors are not known when the filter is
 /// built; a non-blocking connect is also re-issued to learn its state), and `poll`/`ppoll`,
-/// where the thread waits. `socket(2)` ([`net_socket_args`]), `getsockopt` and `accept4`
-/// (published ports: non-blocking, close-on-exec only) are argument-filtered.
+/// where the thread waits. `socket(2)` ([`net_socket_args`]) and `getsockopt` are
+/// argument-filtered. (`accept4`, for published ports, is in [`PLAIN_SYSCALLS`]: the vsock
+/// listener needs it on every thread.)
 pub const NET_SYSCALLS: &[i64] = &[libc::SYS_connect, libc::SYS_poll, libc::SYS_ppoll];
 
 /// `(domain, type, protocol)` of every `socket(2)` call the net thread may make, all
@@ -397,15 +398,6 @@ fn add_net_rules(rules: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<(), Secc
         })
         .collect::<Result<Vec<_>, _>>()?;
     merge(rules, libc::SYS_socket, socket);
-    // Connections to published ports (`voidbox_net::Publish`), accepted non-blocking.
-    merge(
-        rules,
-        libc::SYS_accept4,
-        vec![rule(vec![cond_int(
-            3,
-            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        )?])?],
-    );
     // The outcome of a non-blocking connect.
     merge(
         rules,
