@@ -152,18 +152,6 @@ impl VmExecutor {
         cfg
     }
 
-    /// What a node runs, for messages: a command node's program (its image's entrypoint
-    /// when `run` names none).
-    fn program_of(&self, job: &Job) -> String {
-        match &job.node.action {
-            Action::Command(c) => {
-                crate::node::oci_images::command_line(c, self.node_vms.get(&job.node.name))
-                    .map_or_else(|_| "the image's entrypoint".into(), |(p, _)| p)
-            }
-            _ => "the agent runtime".into(),
-        }
-    }
-
     fn attempt(&self, job: &Job, ctl: &NodeControl, console: &Path) -> Attempt {
         if ctl.stopped().is_some() {
             return Attempt::failed(Status::Cancelled, "cancelled before start");
@@ -359,7 +347,13 @@ impl VmExecutor {
         if let Err(e) = super::artifacts::place_inputs(sb, &job.node, &self.logs_dir) {
             return stopped_or(ctl, Attempt::failed(Status::Failed, e));
         }
+        // A command node's program as prepared (its image's entrypoint when `run` names
+        // none), for the report and messages.
         let program = matches!(job.node.action, Action::Command(_)).then(|| req.program.clone());
+        let shown = program
+            .as_deref()
+            .unwrap_or("the agent runtime")
+            .to_string();
         let mut stdout = CappedBuf::new(job.max_output);
         let mut stderr = Tail::new(STDERR_TAIL);
         let mut stream = agent
@@ -413,7 +407,8 @@ impl VmExecutor {
         let mut a = match res {
             Ok(r) => {
                 let outcome = stream.map(OutputParser::finish);
-                let mut a = self.collect(sb, job, &r, stdout, outcome.as_ref(), &output_file);
+                let mut a =
+                    self.collect(sb, job, &shown, &r, stdout, outcome.as_ref(), &output_file);
                 if let (Some(o), Some((_, e))) = (&outcome, &agent) {
                     a.agent = Some(crate::node::agent::stats(o, e));
                 }
@@ -433,7 +428,7 @@ impl VmExecutor {
                 }
                 a
             }
-            Err(e) => exec_failure(&self.program_of(job), e),
+            Err(e) => exec_failure(&shown, e),
         };
         a.exec = Some(exec);
         a.program = program;
@@ -448,10 +443,13 @@ impl VmExecutor {
         stopped_or(ctl, a)
     }
 
+    /// The attempt from the exec's response; `program` names what ran, for messages.
+    #[allow(clippy::too_many_arguments)]
     fn collect(
         &self,
         sb: &mut Sandbox,
         job: &Job,
+        program: &str,
         r: &ExecResponse,
         stdout: CappedBuf,
         outcome: Option<&crate::agent_output::AgentOutcome>,
@@ -466,10 +464,7 @@ impl VmExecutor {
                 ),
             )
         } else if let Some(e) = &r.error {
-            Attempt::failed(
-                Status::Failed,
-                format!("cannot run {}: {e}", self.program_of(job)),
-            )
+            Attempt::failed(Status::Failed, format!("cannot run {program}: {e}"))
         } else if let Some(o) = outcome.filter(|o| o.is_error) {
             // The runtime's own message says more than its exit status.
             let why = o.failure().unwrap_or_default();
@@ -480,10 +475,7 @@ impl VmExecutor {
                 (Some(c), _) => format!("exit code {c}"),
                 _ => "unknown status".into(),
             };
-            Attempt::failed(
-                Status::Failed,
-                format!("{} failed: {how}", self.program_of(job)),
-            )
+            Attempt::failed(Status::Failed, format!("{program} failed: {how}"))
         } else if r.output_truncated {
             Attempt::failed(
                 Status::Failed,

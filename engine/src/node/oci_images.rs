@@ -34,8 +34,8 @@ pub struct NodeVm {
     pub env: Vec<(String, String)>,
     /// The root image's `WorkingDir`.
     pub workdir: Option<String>,
-    /// The root image's `Entrypoint` and `Cmd`: what a command node without `run.program`
-    /// runs ([`command_line`]).
+    /// The root image's `Entrypoint`: with its `Cmd` (or `run.args`), what a command node
+    /// without `run.program` runs ([`command_line`]).
     pub entrypoint: Vec<String>,
     /// The root image's `Cmd`.
     pub cmd: Vec<String>,

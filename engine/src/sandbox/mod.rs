@@ -113,9 +113,7 @@ impl SandboxConfig {
             shares: Vec::new(),
         }
     }
-}
 
-impl SandboxConfig {
     /// Sets the host shares, and asks for a writable guest root when one of them goes where
     /// the read-only system disk cannot take a mount point (outside `/workspace` and
     /// `/home`; [`disks::VmDisks::writable_root`]). Call after `disks`: that flag is part of
