@@ -9,7 +9,6 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
 
 use smoltcp::wire::{IpAddress, IpEndpoint, IpListenEndpoint};
 use socket2::{Domain, Socket, Type};
@@ -73,7 +72,7 @@ impl Nat {
 
     /// Accepts what the published ports have waiting (while there is room) and opens each
     /// connection's guest side.
-    pub(crate) fn inbound_poll(&mut self, now: Instant) {
+    pub(crate) fn inbound_poll(&mut self) {
         for i in 0..self.inbound.len() {
             while self.inbound_active() < MAX_INBOUND {
                 let accepted = self.inbound[i]
@@ -88,14 +87,14 @@ impl Nat {
                     }
                 };
                 let guest_port = self.inbound[i].guest_port;
-                self.inbound_open(host, guest_port, now);
+                self.inbound_open(host, guest_port);
             }
         }
     }
 
     /// Connects a smoltcp socket from the gateway to the guest's `guest_port` and relays
     /// it to `host`.
-    fn inbound_open(&mut self, host: Socket, guest_port: u16, _now: Instant) {
+    fn inbound_open(&mut self, host: Socket, guest_port: u16) {
         let Some(local_port) = self.inbound_port(guest_port) else {
             log::debug!("net: no free local port for an inbound connection");
             return;

@@ -125,7 +125,7 @@ impl Nat {
         let started = Instant::now();
         self.phy.tx_blocked = false;
         self.tcp_poll_connects(now);
-        self.inbound_poll(now);
+        self.inbound_poll();
         self.tcp_relay(now);
         self.dns_poll(now);
         self.dns_tcp_poll(now);
