@@ -191,14 +191,14 @@ pub fn check_mount_path(p: &str) -> Result<(), String> {
             "mount path `{p}` has an empty, `.` or `..` component"
         ));
     }
-    if RESERVED_PATHS.contains(&p) || RESERVED_TREES.iter().any(|t| is_at_or_under(p, t)) {
+    if RESERVED_PATHS.contains(&p)
+        || RESERVED_TREES
+            .iter()
+            .any(|t| voidbox_protocol::guest_paths::at_or_under(p, t))
+    {
         return Err(format!("mount path `{p}` is reserved"));
     }
     Ok(())
-}
-
-fn is_at_or_under(p: &str, tree: &str) -> bool {
-    p == tree || p.strip_prefix(tree).is_some_and(|r| r.starts_with('/'))
 }
 
 /// Where the disk setup finds and puts things. [`Layout::guest`] is the VM's; tests
@@ -459,7 +459,10 @@ pub fn root_plan(
         }
     }
     for s in skills {
-        if !BOUND_TREES.iter().any(|t| is_at_or_under(&s.path, t)) {
+        if !BOUND_TREES
+            .iter()
+            .any(|t| voidbox_protocol::guest_paths::at_or_under(&s.path, t))
+        {
             inside.push(bind(layout.system_path(&s.path), &s.path, false, true));
         }
     }

@@ -66,7 +66,7 @@ impl ExecEnv {
             return PathBuf::from(guest);
         }
         for (root, _) in crate::files::ROOTS {
-            if guest == root || guest.strip_prefix(root).is_some_and(|r| r.starts_with('/')) {
+            if voidbox_protocol::guest_paths::at_or_under(guest, root) {
                 return self.base.join(guest.trim_start_matches('/'));
             }
         }
