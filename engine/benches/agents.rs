@@ -161,6 +161,7 @@ fn executor(
             remotes: Default::default(),
             guest_telemetry: false,
             telemetry_buffer: 0,
+            services: Default::default(),
             kill_children_on_abort: false,
             snapshots: voidbox::snapshot::Snapshots::new(
                 true,

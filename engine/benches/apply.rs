@@ -554,6 +554,7 @@ fn vm_executor(
             0
         },
         kill_children_on_abort: false,
+        services: Default::default(),
         snapshots: voidbox::snapshot::Snapshots::new(
             snapshots,
             voidbox::snapshot::CreateOptions {

@@ -157,6 +157,8 @@ fn main() {
         dns_upstreams: vec!["127.0.0.1:9".parse().unwrap_or_else(|e| panic!("{e}"))],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     });
     let mut sb = Sandbox::start(&cfg).unwrap_or_else(|e| panic!("VM: {e}"));
     sb.write_file("/workspace/netbench", &client, Some(0o755))

@@ -27,6 +27,7 @@ pub mod init;
 pub mod mount;
 pub mod net;
 pub mod policy;
+pub mod probe;
 pub mod pty;
 pub mod reaper;
 pub mod rekey;

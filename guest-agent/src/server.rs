@@ -544,6 +544,7 @@ impl Connection {
                     ),
                 }
             }
+            Message::ProbePorts(p) => self.probe_ports(id, p),
             Message::TelemetryRequest(_) => {
                 let _ = self
                     .writer
@@ -738,6 +739,27 @@ impl Connection {
                 .writer
                 .error(id, ErrorCode::NoSuchRequest, format!("no pty session {id}")),
         }
+    }
+
+    /// A service's readiness probe, on a worker thread (each closed port may take up to a
+    /// second to answer).
+    fn probe_ports(&mut self, id: RequestId, p: voidbox_protocol::ProbePorts) {
+        if !self.register(id, Running::default()) {
+            return;
+        }
+        let (writer, running) = (Arc::clone(&self.writer), Arc::clone(&self.running));
+        self.spawn_worker(id, "probe", move || {
+            match crate::probe::open_ports(&p.ports) {
+                Ok(open) => {
+                    let _ = writer.send(&Message::PortsOpen(voidbox_protocol::PortsOpen {
+                        id,
+                        open,
+                    }));
+                }
+                Err((code, message)) => writer.error(id, code, message),
+            }
+            lock(&running).remove(&id);
+        });
     }
 
     fn spawn_worker(&self, id: RequestId, name: &str, f: impl FnOnce() + Send + 'static) {

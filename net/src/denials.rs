@@ -1,5 +1,6 @@
 //! Denials aggregated by destination, port, protocol and reason (bounded).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::{Denial, Protocol};
@@ -7,7 +8,7 @@ use crate::{Denial, Protocol};
 /// Destination under which denials are counted once the table is full.
 const OVERFLOW: &str = "other";
 
-type Key = (String, u16, Protocol, &'static str);
+type Key = (String, u16, Protocol, Cow<'static, str>);
 
 /// At most `cap` distinct entries; later distinct ones count under [`OVERFLOW`].
 pub(crate) struct DenialLog {
@@ -28,7 +29,7 @@ impl DenialLog {
         destination: String,
         port: u16,
         protocol: Protocol,
-        reason: &'static str,
+        reason: Cow<'static, str>,
     ) {
         let key = (destination, port, protocol, reason);
         if let Some(n) = self.entries.get_mut(&key) {
@@ -38,7 +39,7 @@ impl DenialLog {
         let key = if self.entries.len() < self.cap {
             key
         } else {
-            (OVERFLOW.to_string(), 0, protocol, reason)
+            (OVERFLOW.to_string(), 0, protocol, key.3)
         };
         let n = self.entries.entry(key).or_insert(0);
         *n = n.saturating_add(1);
@@ -52,7 +53,7 @@ impl DenialLog {
                 destination: destination.clone(),
                 port: *port,
                 protocol: *protocol,
-                reason: (*reason).to_string(),
+                reason: reason.to_string(),
                 count: *count,
             })
             .collect()
@@ -66,11 +67,11 @@ mod tests {
     #[test]
     fn aggregates_sorts_and_bounds() {
         let mut log = DenialLog::new(2);
-        log.record("9.9.9.9".into(), 80, Protocol::Tcp, "x");
-        log.record("1.1.1.1".into(), 80, Protocol::Tcp, "x");
-        log.record("9.9.9.9".into(), 80, Protocol::Tcp, "x");
-        log.record("5.5.5.5".into(), 80, Protocol::Tcp, "x");
-        log.record("6.6.6.6".into(), 81, Protocol::Tcp, "x");
+        log.record("9.9.9.9".into(), 80, Protocol::Tcp, "x".into());
+        log.record("1.1.1.1".into(), 80, Protocol::Tcp, "x".into());
+        log.record("9.9.9.9".into(), 80, Protocol::Tcp, "x".into());
+        log.record("5.5.5.5".into(), 80, Protocol::Tcp, "x".into());
+        log.record("6.6.6.6".into(), 81, Protocol::Tcp, "x".into());
         let list = log.list();
         let got: Vec<(&str, u64)> = list
             .iter()

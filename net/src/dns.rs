@@ -1,5 +1,5 @@
-//! The DNS proxy at `DNS_IP:53`: guest queries are parsed, answered REFUSED when
-//! `public_egress` is off, checked against `allow_domains`,
+//! The DNS proxy at `DNS_IP:53`: guest queries are parsed, answered locally for service
+//! names ([`crate::services`]), answered REFUSED when `public_egress` is off, checked against `allow_domains`,
 //! forwarded over UDP to the upstreams with our own ids (timeout, next upstream, SERVFAIL at
 //! the end), and the answers filtered (addresses in denied ranges removed, NXDOMAIN when none
 //! remains) and pinned (for `allow_domains`) before they reach the guest.
@@ -152,6 +152,9 @@ impl Nat {
             return Outcome::Reply(error_reply(meta.id, None, rd, ResponseCode::FormErr));
         };
         let qname = name_of(question.name());
+        if let Some(reply) = self.service_dns(&qname, meta.id, question, rd) {
+            return Outcome::Reply(reply);
+        }
         if !self.policy.public_egress() {
             self.deny(qname, 53, Protocol::Dns, reasons::NO_EGRESS);
             return Outcome::Reply(error_reply(

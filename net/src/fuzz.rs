@@ -40,6 +40,8 @@ pub fn fuzz_config() -> NatConfig {
         dns_upstreams: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 9))],
         guest_mac: crate::DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     }
 }
 

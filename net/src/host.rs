@@ -1,6 +1,6 @@
 //! Host sockets (socket2, no `unsafe`): every socket is created with `SOCK_NONBLOCK |
 //! SOCK_CLOEXEC`, so the NAT needs only `socket`, `connect`, `getsockopt(SO_ERROR)`,
-//! `sendto`, `recvfrom`, `shutdown` and `close`.
+//! `sendto`, `recvfrom`, `shutdown` and `close` (and `accept4` for published ports).
 
 use std::io::{self, Read};
 use std::net::{SocketAddr, SocketAddrV4};
@@ -8,15 +8,19 @@ use std::net::{SocketAddr, SocketAddrV4};
 use smoltcp::wire::Icmpv4DstUnreachable;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-/// `socket(AF_INET, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC, IPPROTO_TCP)` and a
-/// non-blocking `connect` (in progress or done).
-pub(crate) fn tcp_connect(addr: SocketAddrV4) -> io::Result<Socket> {
-    let socket = Socket::new(
-        Domain::IPV4,
-        Type::STREAM.nonblocking(),
-        Some(Protocol::TCP),
-    )?;
-    match socket.connect(&SockAddr::from(addr)) {
+/// A stream socket for `addr` and a non-blocking `connect` (in progress or done):
+/// `socket(AF_INET, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC, IPPROTO_TCP)` for an IPv4
+/// address, `socket(AF_UNIX, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC, 0)` for a Unix socket
+/// path (whose connect completes at once or fails: `ECONNREFUSED`, `ENOENT`, `EAGAIN` when
+/// the listener's backlog is full).
+pub(crate) fn stream_connect(addr: &SockAddr) -> io::Result<Socket> {
+    let protocol = if addr.is_unix() {
+        None
+    } else {
+        Some(Protocol::TCP)
+    };
+    let socket = Socket::new(addr.domain(), Type::STREAM.nonblocking(), protocol)?;
+    match socket.connect(addr) {
         Ok(()) => Ok(socket),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(socket),
         Err(e) => Err(e),
@@ -31,12 +35,12 @@ pub(crate) enum Connect {
 }
 
 /// `getsockopt(SO_ERROR)`, then `connect` again (`EISCONN`/0: connected, `EALREADY`: pending).
-pub(crate) fn connect_state(socket: &Socket, addr: SocketAddrV4) -> Connect {
+pub(crate) fn connect_state(socket: &Socket, addr: &SockAddr) -> Connect {
     match socket.take_error() {
         Ok(Some(e)) | Err(e) => return Connect::Failed(e),
         Ok(None) => {}
     }
-    match socket.connect(&SockAddr::from(addr)) {
+    match socket.connect(addr) {
         Ok(()) => Connect::Connected,
         Err(e) => match e.raw_os_error() {
             Some(libc::EISCONN) => Connect::Connected,

@@ -13,15 +13,20 @@
 //! only, and ICMP echo to them. `GATEWAY_IP:PORT` reaches host `127.0.0.1:PORT`, for
 //! [`NetworkPolicy::allow_host_ports`] only. Every other destination is reached through a host socket
 //! from the VMM process (the guest's TCP is terminated in the NAT and relayed). IPv4 only;
-//! IP fragments are dropped. Every checksum of a guest frame is verified, so frames must
-//! arrive complete: the VMM's virtio-net device completes the checksums the guest offloads
-//! to it. Frames toward the guest always carry complete checksums (the device tells the
+//! IP fragments are dropped. Services of a workflow ([`NatConfig::services`]) have addresses
+//! 10.0.3.N ([`service_addr`]), reached through their Unix sockets. Every checksum of a guest
+//! frame is verified, so frames must arrive complete: the VMM's virtio-net device completes
+//! the checksums the guest offloads to it. Frames toward the guest always carry complete checksums (the device tells the
 //! guest so, and it skips verifying them).
 //!
 //! # Policy order
 //!
 //! For every new guest→outside flow (TCP connection, UDP flow, ICMP echo), the first match wins:
 //!
+//! 0. TCP to the address of one of [`NatConfig::services`]: to a port it lists, connected to
+//!    that port's Unix socket, whatever the steps below say (only [`MAX_PENDING_CONNECTS`]
+//!    applies; a failed connect is answered with RST); to another port, denied
+//!    ([`reasons::NOT_SERVICE_PORT`]). UDP and ICMP to it go on with step 1;
 //! 1. destination [`GATEWAY_IP`]: allowed only for a port in [`NetworkPolicy::allow_host_ports`]
 //!    (ICMP echo to it is answered by the NAT itself);
 //! 2. destination [`DNS_IP`]: only port 53 (UDP and TCP), answered by the DNS proxy;
@@ -54,6 +59,9 @@
 //! REFUSED and nothing is forwarded. A/AAAA answers in a denied range (steps 5–6) are
 //! removed; when none remains the guest gets NXDOMAIN. With `allow_domains`, a question for
 //! any other name gets NXDOMAIN, and the addresses answered for allowed names are pinned.
+//! Before all that, the name of one of [`NatConfig::services`] (exactly, case-insensitively)
+//! is answered by the NAT itself, whatever the policy: A with the service's address (TTL 5),
+//! any other type NOERROR without records.
 //!
 //! # Limits (all bounded)
 //!
@@ -77,10 +85,11 @@
 //! system calls (besides memory allocation and the vDSO clock): `socket` (all
 //! `SOCK_NONBLOCK | SOCK_CLOEXEC`: `AF_INET/SOCK_STREAM/IPPROTO_TCP`,
 //! `AF_INET/SOCK_DGRAM/IPPROTO_UDP`, `AF_INET6/SOCK_DGRAM/IPPROTO_UDP` for IPv6 DNS upstreams,
-//! `AF_INET/SOCK_DGRAM/IPPROTO_ICMP`), `connect`, `getsockopt(SOL_SOCKET, SO_ERROR)`, `sendto`
+//! `AF_INET/SOCK_DGRAM/IPPROTO_ICMP`, and `AF_UNIX/SOCK_STREAM/0` for
+//! [`NatConfig::services`]), `connect`, `getsockopt(SOL_SOCKET, SO_ERROR)`, `sendto`
 //! (with `MSG_NOSIGNAL`), `recvfrom`, `shutdown(SHUT_WR)`, `close` and, with published
-//! ports ([`NatConfig::publish`], bound and listening in [`Nat::new`]),
-//! `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`.
+//! ports ([`NatConfig::publish`] and [`NatConfig::publish_unix`], bound and listening in
+//! [`Nat::new`]), `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`.
 
 #![forbid(unsafe_code)]
 
@@ -109,6 +118,8 @@ mod policy;
 #[cfg(feature = "nat")]
 mod resolv;
 #[cfg(feature = "nat")]
+mod services;
+#[cfg(feature = "nat")]
 mod stats;
 #[cfg(feature = "nat")]
 mod tcp;
@@ -118,6 +129,7 @@ pub mod testing;
 mod udp;
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -226,6 +238,16 @@ pub struct NatConfig {
     /// --publish`): bound when the NAT is built, whatever the egress policy says.
     #[serde(default)]
     pub publish: Vec<Publish>,
+    /// Unix-domain sockets whose connections are forwarded to guest ports (a workflow
+    /// service's ports, reached by its dependents' NATs): bound when the NAT is built,
+    /// whatever the egress policy says.
+    #[serde(default)]
+    pub publish_unix: Vec<PublishUnix>,
+    /// Services this guest reaches by name ([`ServiceRoute`]): their names resolve to their
+    /// addresses and TCP to their ports is connected to their sockets, whatever the egress
+    /// policy says.
+    #[serde(default)]
+    pub services: Vec<ServiceRoute>,
 }
 
 /// One published port: TCP connections to `host` are relayed to the guest's `guest_port`.
@@ -238,7 +260,52 @@ pub struct Publish {
     pub guest_port: u16,
 }
 
-/// Most connections from published ports relayed at once; more wait in the listen backlog.
+/// One published Unix socket: stream connections to the socket at `path` are relayed to the
+/// guest's `guest_port` (like a [`Publish`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishUnix {
+    /// Where the socket is bound (mode 0600; the file must not exist yet, and its directory
+    /// should be one only this user can enter). The NAT does not remove it.
+    pub path: PathBuf,
+    /// The guest's TCP port.
+    pub guest_port: u16,
+}
+
+/// A service the guest reaches by name: `name` resolves to `addr` (DNS A, TTL 5), and a TCP
+/// connection to `addr:PORT` for one of `ports` is connected to that port's Unix socket (the
+/// service VM's [`PublishUnix`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceRoute {
+    /// The host name (case-insensitive; exactly this name, no search suffixes).
+    pub name: String,
+    /// The address it resolves to ([`service_addr`]; outside the guest's network).
+    pub addr: Ipv4Addr,
+    /// Its reachable ports.
+    pub ports: Vec<ServicePort>,
+}
+
+/// One port of a [`ServiceRoute`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePort {
+    /// The TCP port the guest connects to.
+    pub port: u16,
+    /// The Unix socket the connection is relayed to.
+    pub path: PathBuf,
+}
+
+/// The address of the `index`-th service: 10.0.3.1, 10.0.3.2, … 10.0.3.254 (`None` beyond).
+pub fn service_addr(index: usize) -> Option<Ipv4Addr> {
+    let host = u8::try_from(index.checked_add(1)?)
+        .ok()
+        .filter(|&h| h < 255)?;
+    Some(Ipv4Addr::new(10, 0, 3, host))
+}
+
+/// Most connections from published ports (TCP and Unix together) relayed at once; more wait
+/// in the listen backlog.
 pub const MAX_INBOUND: usize = 64;
 
 fn default_guest_mac() -> [u8; 6] {
@@ -292,6 +359,85 @@ pub enum NatError {
         /// Why (address in use, not local, …).
         source: std::io::Error,
     },
+    /// A published Unix socket could not be bound or listened on.
+    #[error("publishing unix socket {}: {source}", path.display())]
+    PublishUnix {
+        /// The socket path.
+        path: PathBuf,
+        /// Why (file exists, directory missing, path too long, …).
+        source: std::io::Error,
+    },
+    /// The config is inconsistent (a bad service name, address or port).
+    #[error("invalid network config: {0}")]
+    Config(String),
+}
+
+impl NatConfig {
+    /// Checks what `Nat::new` checks first: every service name is a host
+    /// name (dot-separated labels of 1–63 letters, digits and hyphens, no label starting or
+    /// ending with a hyphen), every service address is outside the guest's network
+    /// 10.0.2.0/24 (so neither the gateway, the DNS server nor the guest), names
+    /// (case-insensitively) and addresses are unique, and ports are non-zero and unique per
+    /// service.
+    pub fn validate(&self) -> Result<(), NatError> {
+        let fail = |msg: String| Err(NatError::Config(msg));
+        for p in &self.publish_unix {
+            if p.guest_port == 0 {
+                return fail(format!("unix socket {}: guest port 0", p.path.display()));
+            }
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            if !is_host_name(&s.name) {
+                return fail(format!(
+                    "service name {:?} is not a host name (labels of 1-63 letters, digits and \
+                     '-', not starting or ending with '-', separated by dots)",
+                    s.name
+                ));
+            }
+            let [a, b, c, _] = s.addr.octets();
+            if (a, b, c) == (10, 0, 2) {
+                return fail(format!(
+                    "service {}: address {} is in the guest's network 10.0.2.0/{PREFIX_LEN} \
+                     (gateway {GATEWAY_IP}, DNS {DNS_IP}, guest {GUEST_IP})",
+                    s.name, s.addr
+                ));
+            }
+            for earlier in &self.services[..i] {
+                if earlier.name.eq_ignore_ascii_case(&s.name) {
+                    return fail(format!("service {} listed twice", s.name));
+                }
+                if earlier.addr == s.addr {
+                    return fail(format!(
+                        "services {} and {} share address {}",
+                        earlier.name, s.name, s.addr
+                    ));
+                }
+            }
+            for (j, p) in s.ports.iter().enumerate() {
+                if p.port == 0 {
+                    return fail(format!("service {}: port 0", s.name));
+                }
+                if s.ports[..j].iter().any(|q| q.port == p.port) {
+                    return fail(format!("service {}: port {} listed twice", s.name, p.port));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Dot-separated labels of 1–63 ASCII letters, digits and hyphens, none starting or ending
+/// with a hyphen; 253 bytes at most.
+fn is_host_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 /// Most frames queued toward the guest; host sockets are not read while the queue is full.
@@ -333,3 +479,51 @@ pub const MAX_PINNED: usize = 4096;
 pub const MAX_DENIAL_ENTRIES: usize = 1024;
 /// Largest UDP payload that fits one frame toward the guest (larger datagrams are dropped).
 pub const MAX_UDP_PAYLOAD: usize = MTU - 28;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_addresses_fill_10_0_3_0() {
+        assert_eq!(service_addr(0), Some(Ipv4Addr::new(10, 0, 3, 1)));
+        assert_eq!(service_addr(1), Some(Ipv4Addr::new(10, 0, 3, 2)));
+        assert_eq!(service_addr(253), Some(Ipv4Addr::new(10, 0, 3, 254)));
+        assert_eq!(service_addr(254), None);
+        assert_eq!(service_addr(usize::MAX), None);
+    }
+
+    #[test]
+    fn host_names() {
+        for ok in ["web", "WEB", "a", "my-db", "a.b-c.d1", &"a".repeat(63)] {
+            assert!(is_host_name(ok), "{ok}");
+        }
+        for bad in [
+            "", ".", "web.", ".web", "a..b", "-a", "a-", "a_b", "a b", "wéb",
+        ] {
+            assert!(!is_host_name(bad), "{bad}");
+        }
+        assert!(!is_host_name(&"a".repeat(64)));
+        let long = vec!["a".repeat(63); 4].join(".");
+        assert_eq!(long.len(), 255);
+        assert!(!is_host_name(&long));
+    }
+
+    #[test]
+    fn new_fields_default_when_absent() {
+        let c: NatConfig = serde_json::from_str(r#"{"dns_upstreams":[]}"#).unwrap();
+        assert!(c.publish_unix.is_empty() && c.services.is_empty());
+        let c: NatConfig = serde_json::from_str(
+            r#"{"publish_unix":[{"path":"/r/0-80.sock","guest_port":80}],
+                "services":[{"name":"web","addr":"10.0.3.1",
+                             "ports":[{"port":80,"path":"/r/0-80.sock"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.publish_unix[0].guest_port, 80);
+        assert_eq!(c.services[0].addr, Ipv4Addr::new(10, 0, 3, 1));
+        assert!(c.validate().is_ok());
+        assert!(
+            serde_json::from_str::<PublishUnix>(r#"{"path":"/x","guest_port":1,"y":1}"#).is_err()
+        );
+    }
+}

@@ -1,5 +1,6 @@
 //! The NAT itself: the smoltcp interface, the flow tables and the poll loop the VMM drives.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
@@ -36,6 +37,8 @@ pub struct Nat {
     pub(crate) inbound: Vec<inbound::Listener>,
     /// Where the next inbound connection's local port search starts.
     pub(crate) next_inbound_port: u32,
+    /// Services the guest reaches by name ([`crate::services`]).
+    pub(crate) services: Vec<services::Service>,
 }
 
 // The VMM moves the NAT to its network thread.
@@ -45,14 +48,18 @@ const _: fn() = || {
 };
 
 impl Nat {
-    /// Builds the NAT (reads the host's resolv.conf when no upstream is configured).
+    /// Builds the NAT: checks the config ([`NatConfig::validate`]), binds the published
+    /// ports and Unix sockets, and reads the host's resolv.conf when no upstream is
+    /// configured.
     pub fn new(config: NatConfig) -> Result<Nat, NatError> {
+        config.validate()?;
+        let services = services::compile(&config.services)?;
         let upstreams = if config.dns_upstreams.is_empty() {
             resolv::host_upstreams()?
         } else {
             config.dns_upstreams.clone()
         };
-        let inbound = inbound::bind(&config.publish)?;
+        let inbound = inbound::bind(&config.publish, &config.publish_unix)?;
         let epoch = Instant::now();
         let mut rng = Rng::seeded();
         let mut phy = phy::Phy::new(TO_GUEST_QUEUE, TO_GUEST_QUEUE_BYTES);
@@ -88,6 +95,7 @@ impl Nat {
             scratch: vec![0; 65536],
             inbound,
             next_inbound_port: 0,
+            services,
         })
     }
 
@@ -221,8 +229,9 @@ impl Nat {
         destination: String,
         port: u16,
         protocol: Protocol,
-        reason: &'static str,
+        reason: impl Into<Cow<'static, str>>,
     ) {
+        let reason = reason.into();
         self.stats.denials += 1;
         log::debug!("net: denied {destination}:{port}/{protocol:?}: {reason}");
         self.denials.record(destination, port, protocol, reason);

@@ -51,6 +51,9 @@ pub mod reasons {
     pub const PING_UNAVAILABLE: &str = "ping sockets unavailable";
     /// `public_egress` is off: only allowed gateway ports are reachable, DNS answers REFUSED.
     pub const NO_EGRESS: &str = "no_egress";
+    /// TCP to a service's address ([`crate::ServiceRoute`]) on a port it does not list; the
+    /// reason is this text, a space and the service's name (`not a port of service web`).
+    pub const NOT_SERVICE_PORT: &str = "not a port of service";
 }
 
 /// Where an allowed guest flow goes.

@@ -48,8 +48,11 @@ pub struct NatStats {
     pub tcp_connect_failures: u64,
     /// TCP connections relayed (host connected and guest handshake started).
     pub tcp_established: u64,
-    /// Connections accepted on published ports and opened toward the guest.
+    /// Connections accepted on published ports (TCP and Unix) and opened toward the guest.
     pub inbound_accepted: u64,
+    /// Guest connections to services ([`crate::ServiceRoute`]) whose Unix socket connect
+    /// succeeded (also counted in `tcp_connects` and `tcp_established`).
+    pub service_connects: u64,
     /// TCP payload bytes relayed guest → host.
     pub tcp_bytes_to_host: u64,
     /// TCP payload bytes relayed host → guest.

@@ -1,19 +1,21 @@
 //! Guest TCP: the policy on each SYN, a non-blocking host connect while the SYN is held, then
 //! a smoltcp socket that takes exactly that SYN, and the relay between the two with flow
 //! control (no buffering beyond the two fixed smoltcp buffers) and half-close both ways.
+//! The host side is a TCP socket, or for a service ([`crate::services`]) a Unix socket.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp::{self, State};
 use smoltcp::wire::{IpAddress, IpListenEndpoint};
-use socket2::Socket;
+use socket2::{SockAddr, Socket};
 
 use crate::frames::{self, TcpInfo};
 use crate::host::{self, Connect, Refusal};
 use crate::policy::Route;
+use crate::services::ServiceTarget;
 use crate::stats::NatStats;
 use crate::{Nat, Protocol, CONNECT_TIMEOUT, DNS_IP, GATEWAY_IP, MAX_PENDING_CONNECTS};
 use crate::{TCP_BUFFER, TCP_PEER_TIMEOUT};
@@ -32,7 +34,10 @@ pub(crate) struct FlowKey {
 /// A host connect in progress; the guest's SYN waits here (retransmits replace it).
 pub(crate) struct Connecting {
     sock: Socket,
-    target: SocketAddrV4,
+    /// An IPv4 address, or a service's Unix socket.
+    target: SockAddr,
+    /// To a service: bypasses the policy, and a failure is always answered with RST.
+    service: bool,
     syn: Vec<u8>,
     deadline: Instant,
 }
@@ -145,52 +150,69 @@ impl Nat {
         self.tcp_open(frame, t, key, now);
     }
 
-    /// A SYN for a new connection: policy, caps, host connect.
+    /// A SYN for a new connection: service route or policy, caps, host connect.
     fn tcp_open(&mut self, frame: &[u8], t: &TcpInfo, key: FlowKey, now: Instant) {
-        let target = match self.policy.route(t.dst, t.dst_port, Protocol::Tcp) {
-            Ok(Route::Host(a)) | Ok(Route::Outside(a)) => a,
-            Ok(Route::Dns) => return, // DNS_IP:53 was handled by the caller
-            Err(reason) => {
+        let (target, service) = match self.service_target(t.dst, t.dst_port) {
+            ServiceTarget::Socket(addr) => (addr.clone(), true),
+            ServiceTarget::Denied(reason) => {
                 self.deny(t.dst.to_string(), t.dst_port, Protocol::Tcp, reason);
                 self.send_to_guest(frames::tcp_rst(self.guest_mac, t));
                 return;
             }
+            ServiceTarget::None => match self.policy.route(t.dst, t.dst_port, Protocol::Tcp) {
+                Ok(Route::Host(a)) | Ok(Route::Outside(a)) => (SockAddr::from(a), false),
+                Ok(Route::Dns) => return, // DNS_IP:53 was handled by the caller
+                Err(reason) => {
+                    self.deny(t.dst.to_string(), t.dst_port, Protocol::Tcp, reason);
+                    self.send_to_guest(frames::tcp_rst(self.guest_mac, t));
+                    return;
+                }
+            },
         };
         if self.tcp_pending.len() >= MAX_PENDING_CONNECTS {
             // Transient overload: the guest retransmits its SYN.
             self.stats.dropped_busy += 1;
             return;
         }
-        if let Err(reason) = self.policy.admit(self.active_flows(), now) {
-            self.deny(t.dst.to_string(), t.dst_port, Protocol::Tcp, reason);
-            self.send_to_guest(frames::tcp_rst(self.guest_mac, t));
-            return;
+        if !service {
+            if let Err(reason) = self.policy.admit(self.active_flows(), now) {
+                self.deny(t.dst.to_string(), t.dst_port, Protocol::Tcp, reason);
+                self.send_to_guest(frames::tcp_rst(self.guest_mac, t));
+                return;
+            }
         }
         self.stats.tcp_connects += 1;
-        match host::tcp_connect(target) {
+        match host::stream_connect(&target) {
             Ok(sock) => {
                 self.tcp_pending.insert(
                     key,
                     Connecting {
                         sock,
                         target,
+                        service,
                         syn: frame.to_vec(),
                         deadline: now + CONNECT_TIMEOUT,
                     },
                 );
             }
-            Err(e) => self.tcp_refuse(frame, &e),
+            Err(e) => self.tcp_refuse(frame, &e, service),
         }
     }
 
-    /// Tells the guest its connect failed (RST, or ICMP unreachable), from its held SYN.
-    fn tcp_refuse(&mut self, syn: &[u8], e: &std::io::Error) {
+    /// Tells the guest its connect failed (RST, or ICMP unreachable; always RST for a
+    /// service), from its held SYN.
+    fn tcp_refuse(&mut self, syn: &[u8], e: &std::io::Error, service: bool) {
         self.stats.tcp_connect_failures += 1;
         log::debug!("net: host connect failed: {e}");
         let Ok(frames::Parsed::Tcp(t)) = frames::parse(syn, self.guest_mac) else {
             return;
         };
-        let frame = match host::refusal(e) {
+        let refusal = if service {
+            Refusal::Reset
+        } else {
+            host::refusal(e)
+        };
+        let frame = match refusal {
             Refusal::Reset => Some(frames::tcp_rst(self.guest_mac, &t)),
             Refusal::Unreachable(code) => {
                 let ip = syn.get(14..).unwrap_or(&[]);
@@ -212,17 +234,17 @@ impl Nat {
             let Some(c) = self.tcp_pending.get(&key) else {
                 continue;
             };
-            match host::connect_state(&c.sock, c.target) {
+            match host::connect_state(&c.sock, &c.target) {
                 Connect::Pending if now < c.deadline => {}
                 Connect::Pending => {
                     if let Some(c) = self.tcp_pending.remove(&key) {
                         let e = std::io::Error::from_raw_os_error(libc::ETIMEDOUT);
-                        self.tcp_refuse(&c.syn, &e);
+                        self.tcp_refuse(&c.syn, &e, c.service);
                     }
                 }
                 Connect::Failed(e) => {
                     if let Some(c) = self.tcp_pending.remove(&key) {
-                        self.tcp_refuse(&c.syn, &e);
+                        self.tcp_refuse(&c.syn, &e, c.service);
                     }
                 }
                 Connect::Connected => {
@@ -239,6 +261,9 @@ impl Nat {
         match self.admit_syn(key.dst, key.dst_port, &c.syn, now) {
             Some(handle) => {
                 self.stats.tcp_established += 1;
+                if c.service {
+                    self.stats.service_connects += 1;
+                }
                 self.tcp.insert(key, Relay::new(handle, c.sock, false));
             }
             None => {

@@ -251,6 +251,8 @@ fn upstream_failure_gives_servfail_after_next_upstream() {
         dns_upstreams: vec![silent.local_addr().unwrap(), closed],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     })
     .unwrap();
     let q = query_message(99, "x.test", RecordType::A).unwrap();

@@ -514,6 +514,8 @@ fn new_reads_resolv_conf_when_no_upstream() {
         dns_upstreams: vec![],
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     };
     let host = std::fs::read_to_string("/etc/resolv.conf")
         .map(|t| voidbox_net::parse_resolv_conf(&t))

@@ -27,6 +27,8 @@ fn config(host: SocketAddr) -> NatConfig {
             host,
             guest_port: GUEST_PORT,
         }],
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     }
 }
 

@@ -97,6 +97,8 @@ impl Message {
             Message::PtyClose(m) => json(m)?,
             Message::TelemetryRequest(m) => json(m)?,
             Message::Telemetry(m) => json(m)?,
+            Message::ProbePorts(m) => json(m)?,
+            Message::PortsOpen(m) => json(m)?,
         };
         check_len(out.len() as u64)?;
         Ok(out)
@@ -316,6 +318,8 @@ fn decode_json(mt: MessageType, payload: &[u8]) -> Result<Message> {
         MessageType::PtyClose => Message::PtyClose(de(mt, payload)?),
         MessageType::TelemetryRequest => Message::TelemetryRequest(de(mt, payload)?),
         MessageType::Telemetry => Message::Telemetry(de(mt, payload)?),
+        MessageType::ProbePorts => Message::ProbePorts(de(mt, payload)?),
+        MessageType::PortsOpen => Message::PortsOpen(de(mt, payload)?),
         _ => return Err(ProtocolError::malformed(mt.name(), None, "not a JSON type")),
     })
 }

@@ -141,6 +141,11 @@ message_types! {
     TelemetryRequest = 0x40, false;
     /// Guest → host: resource statistics.
     Telemetry = 0x41, false;
+    /// Host → guest: which of these TCP ports accept a connection in the guest (a service's
+    /// readiness). Answered by `PortsOpen`.
+    ProbePorts = 0x42, false;
+    /// Guest → host: the probed ports that accepted a connection.
+    PortsOpen = 0x43, false;
 }
 
 impl fmt::Display for MessageType {
@@ -855,6 +860,28 @@ pub struct TelemetryRequest {
     pub id: RequestId,
 }
 
+/// Most ports one [`ProbePorts`] may name (the guest refuses more).
+pub const MAX_PROBE_PORTS: usize = 64;
+
+/// Ask the guest which of `ports` accept a TCP connection on its loopback (or its NIC's
+/// address): a service is ready when all of them do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbePorts {
+    /// Request id.
+    pub id: RequestId,
+    /// The ports (at most [`MAX_PROBE_PORTS`], none zero).
+    pub ports: Vec<u16>,
+}
+
+/// The answer to a [`ProbePorts`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortsOpen {
+    /// Echoed request id.
+    pub id: RequestId,
+    /// The probed ports that accepted a connection, in the request's order.
+    pub open: Vec<u16>,
+}
+
 /// Guest resource statistics (from `/proc`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Telemetry {
@@ -919,6 +946,8 @@ pub enum Message {
     PtyClose(PtyClose),
     TelemetryRequest(TelemetryRequest),
     Telemetry(Telemetry),
+    ProbePorts(ProbePorts),
+    PortsOpen(PortsOpen),
 }
 
 macro_rules! for_each_variant {
@@ -950,6 +979,8 @@ macro_rules! for_each_variant {
             Message::PtyClose($m) => $body,
             Message::TelemetryRequest($m) => $body,
             Message::Telemetry($m) => $body,
+            Message::ProbePorts($m) => $body,
+            Message::PortsOpen($m) => $body,
         }
     };
 }
@@ -989,11 +1020,13 @@ impl Message {
             Message::PtyClose(_) => MessageType::PtyClose,
             Message::TelemetryRequest(_) => MessageType::TelemetryRequest,
             Message::Telemetry(_) => MessageType::Telemetry,
+            Message::ProbePorts(_) => MessageType::ProbePorts,
+            Message::PortsOpen(_) => MessageType::PortsOpen,
         }
     }
 
     /// `true` when this message, sent by the guest, ends the exchange for its request id:
-    /// `Pong`, `Ack`, `Error`, `ExecResponse`, `FileStatResponse`, `Telemetry`, or a
+    /// `Pong`, `Ack`, `Error`, `ExecResponse`, `FileStatResponse`, `Telemetry`, `PortsOpen`, or a
     /// `FileChunk` with `last` set. The demultiplexer drops its route after delivering it.
     ///
     /// Note: `Ack` to a [`PtyOpen`] is *not* final for the session; hosts that open PTYs
@@ -1006,7 +1039,8 @@ impl Message {
             | Message::ExecResponse(_)
             | Message::FileStatResponse(_)
             | Message::DirListing(_)
-            | Message::Telemetry(_) => true,
+            | Message::Telemetry(_)
+            | Message::PortsOpen(_) => true,
             Message::FileChunk(c) => c.last,
             _ => false,
         }
@@ -1066,7 +1100,9 @@ impl_from!(
     PtyResize,
     PtyClose,
     TelemetryRequest,
-    Telemetry
+    Telemetry,
+    ProbePorts,
+    PortsOpen
 );
 
 impl From<ErrorResponse> for Message {

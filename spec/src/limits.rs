@@ -67,6 +67,9 @@ pub enum TimeoutLimit {
     Pipeline,
     /// `voidbox run --timeout`.
     Flag,
+    /// A `mode: service` node: no timeout of its own, bounded only by the longest a command
+    /// may run ([`MAX_TIMEOUT_SECS`]) and the run's `timeout_secs`.
+    Service,
 }
 
 /// A time limit and where it comes from, as reports name it.
@@ -104,6 +107,14 @@ impl Timeout {
         }
     }
 
+    /// A service node's bound ([`TimeoutLimit::Service`]).
+    pub fn service() -> Timeout {
+        Timeout {
+            limit: TimeoutLimit::Service,
+            secs: MAX_TIMEOUT_SECS,
+        }
+    }
+
     /// The spec's run-wide `timeout_secs`.
     pub fn pipeline(secs: u64) -> Timeout {
         Timeout {
@@ -119,6 +130,7 @@ impl Timeout {
             TimeoutLimit::DefaultNode => "default node timeout",
             TimeoutLimit::Pipeline => "pipeline timeout_secs",
             TimeoutLimit::Flag => "--timeout",
+            TimeoutLimit::Service => "service limit",
         }
     }
 
@@ -132,7 +144,9 @@ impl fmt::Display for Timeout {
     /// `node timeout_secs=30 s`, `default node timeout 1800 s`, `--timeout=30 s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.limit {
-            TimeoutLimit::DefaultNode => write!(f, "{} {} s", self.label(), self.secs),
+            TimeoutLimit::DefaultNode | TimeoutLimit::Service => {
+                write!(f, "{} {} s", self.label(), self.secs)
+            }
             _ => write!(f, "{}={} s", self.label(), self.secs),
         }
     }

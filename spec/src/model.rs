@@ -503,7 +503,8 @@ pub enum AgentMode {
     /// Run the prompt to completion.
     #[default]
     Task,
-    /// A long-running service writing to `output_file`.
+    /// A long-running agent with no timeout of its own (in the foreground: `kind: agent` has
+    /// one node).
     Service,
     /// An interactive session.
     Interactive,
@@ -560,6 +561,17 @@ pub struct PipelineBox {
     /// Named inputs this box reads from earlier boxes' outputs (void-box compatible).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<BoxInput>,
+    /// `service` for a long-running box: a sidecar of the next stage (reached as
+    /// `NAME:PORT`, stopped when that stage is done), or in the foreground as the last stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<StepMode>,
+    /// A service box's TCP ports (readiness, and what the next stage may reach).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    /// How long a service box may take to become ready, in seconds (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
+    pub ready_timeout_secs: Option<u64>,
 }
 
 /// A named output directory of a box.
@@ -659,9 +671,19 @@ pub struct Step {
     /// Step whose output is piped to this step's stdin (must be in `depends_on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin_from: Option<String>,
-    /// `service` for a long-running step (void-box compatible).
+    /// `service` for a long-running step (void-box compatible): without dependents (or as
+    /// the `output_step`) it runs in the foreground until it exits; with dependents it is a
+    /// sidecar they reach as `NAME:PORT`, stopped when the last of them finishes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<StepMode>,
+    /// A service's TCP ports: it is ready when each accepts a connection in its VM, and its
+    /// dependents reach these ports (and only these) as `NAME:PORT`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    /// How long a service may take to become ready, in seconds (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
+    pub ready_timeout_secs: Option<u64>,
     /// Time limit for this step, in seconds (without it: the default node timeout, 1800 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_TIMEOUT_SECS))]
@@ -698,11 +720,11 @@ pub struct StepCommand {
     pub stdin_from: Option<String>,
 }
 
-/// Workflow step mode.
+/// Workflow step (or pipeline box) mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StepMode {
-    /// A long-running service step.
+    /// A long-running service (no timeout of its own).
     Service,
 }
 

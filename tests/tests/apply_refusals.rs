@@ -90,10 +90,6 @@ fn void_box_fields_not_built_yet_are_refused() {
             ("agent.skills[0]", 9),
         ],
     );
-    assert_refused(
-        "kind: workflow\nname: w\nworkflow:\n  steps:\n    - name: s\n      mode: service\n      run: {program: echo}\n",
-        &[("workflow.steps[0].mode", 6)],
-    );
 }
 
 #[test]

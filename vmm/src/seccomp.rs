@@ -354,8 +354,10 @@ pub const NET_SYSCALLS: &[i64] = &[libc::SYS_connect, libc::SYS_poll, libc::SYS_
 
 /// `(domain, type, protocol)` of every `socket(2)` call the net thread may make, all
 /// non-blocking and close-on-exec (as `voidbox_net` creates them): TCP over IPv4 (guest
-/// connections), UDP over IPv4 (guest flows, DNS upstreams) and IPv6 (DNS upstreams), and ICMP
-/// echo ("ping") sockets over IPv4.
+/// connections), UDP over IPv4 (guest flows, DNS upstreams) and IPv6 (DNS upstreams), ICMP
+/// echo ("ping") sockets over IPv4, and Unix stream sockets (protocol 0) for connections to a
+/// workflow service's socket (`NatConfig::services`). The NAT's listeners (published ports
+/// and Unix sockets) are bound and listening before the filter is installed.
 pub fn net_socket_args() -> Vec<(i32, i32, i32)> {
     let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
     vec![
@@ -363,6 +365,7 @@ pub fn net_socket_args() -> Vec<(i32, i32, i32)> {
         (libc::AF_INET, libc::SOCK_DGRAM | flags, libc::IPPROTO_UDP),
         (libc::AF_INET6, libc::SOCK_DGRAM | flags, libc::IPPROTO_UDP),
         (libc::AF_INET, libc::SOCK_DGRAM | flags, libc::IPPROTO_ICMP),
+        (libc::AF_UNIX, libc::SOCK_STREAM | flags, 0),
     ]
 }
 

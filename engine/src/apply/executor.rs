@@ -58,7 +58,14 @@ pub struct VmExecutor {
     /// With `guest_telemetry`, also sample it every [`TELEMETRY_EVERY`] while the command
     /// runs, keeping the last this many samples (`observe.telemetry_buffer_size`; 0: none).
     pub telemetry_buffer: usize,
+    /// How services and their dependents reach each other.
+    pub services: crate::network::services::ServiceNet,
 }
+
+/// Time between readiness checks of a service.
+const READY_POLL: Duration = Duration::from_millis(200);
+/// Bound on opening the readiness connection to a service's guest agent.
+const SIDE_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Time between guest telemetry samples while a command runs (each costs the guest ≈140 ms
 /// of interpreted kernel on a software-KVM host, well under 1 ms with hardware KVM).
@@ -133,8 +140,22 @@ impl VmExecutor {
         if let Some(v) = vm {
             cfg.disks = v.disks.clone();
         }
-        let policy = crate::gateway::guest_network(job.node.sandbox.network.clone(), gateway_port);
-        cfg.network = policy.map(|p| crate::network::nat_config(p, &self.dns_upstreams));
+        let policy = crate::gateway::guest_network(job.node.sandbox.network.clone(), gateway_port)
+            // A service or a dependent without network of its own still needs a device for
+            // the service connections: one that reaches nothing else.
+            .or_else(|| {
+                self.services
+                    .needs_nic(&job.node.name)
+                    .then(|| voidbox_net::NetworkPolicy {
+                        public_egress: false,
+                        ..voidbox_net::NetworkPolicy::default()
+                    })
+            });
+        cfg.network = policy.map(|p| {
+            let mut nat = crate::network::nat_config(p, &self.dns_upstreams);
+            self.services.apply_to(&job.node.name, &mut nat);
+            nat
+        });
         cfg.memory_mb = u32::try_from(job.node.sandbox.memory_mb).unwrap_or(u32::MAX);
         cfg.vcpus = u8::try_from(job.node.sandbox.vcpus).unwrap_or(u8::MAX);
         cfg.launcher = self.launcher.clone();
@@ -227,8 +248,12 @@ impl VmExecutor {
         }
         let mut a = self.in_vm(&mut sb, job, ctl, prepared);
         ctl.clear_pid();
-        // Killed first, so the NAT's last denial counts are in.
-        a.net_denials = sb.kill().net_denials;
+        // Killed first, so the NAT's last counts are in.
+        let exit = sb.kill();
+        a.net_denials = exit.net_denials;
+        if let Some(s) = a.service.as_mut() {
+            s.connections = exit.net_inbound;
+        }
         a.gateway = gateway.map(Gateway::stop);
         a.kit = kit;
         a.boot = Some(boot);
@@ -382,19 +407,55 @@ impl VmExecutor {
             every: TELEMETRY_EVERY,
             on_sample: &mut on_sample,
         });
-        let res = sb.exec_sampled(
-            req,
-            &mut |s, data| match s {
-                OutputStream::Stdout => {
-                    stdout.push(data);
-                    if let Some(p) = stream.as_mut() {
-                        p.push(data);
-                    }
-                }
-                OutputStream::Stderr => stderr.push(data),
+        // A service's readiness is watched on a second connection while the command runs.
+        let watch = job.node.service.as_ref().map(|svc| Watch {
+            ports: svc.ports.clone(),
+            file: matches!(job.node.action, Action::Agent(_))
+                .then(|| output_file.clone())
+                .flatten(),
+            within: Duration::from_secs(svc.ready_timeout_secs),
+            max_output: job.max_output,
+        });
+        let side = match &watch {
+            Some(_) => match sb.side_connection(SIDE_CONNECT_TIMEOUT) {
+                Ok(c) => Some(c),
+                Err(e) => return stopped_or(ctl, sandbox_failure(e)),
             },
-            sampling,
-        );
+            None => None,
+        };
+        let foreground = self.services.foreground(&job.node.name);
+        let (stop_watch, watch_stopped) = std::sync::mpsc::channel::<()>();
+        let (res, readiness) = std::thread::scope(|scope| {
+            let watcher = watch.as_ref().zip(side).map(|(w, mut conn)| {
+                scope.spawn(move || watch_ready(&mut conn, w, ctl, &watch_stopped, t0))
+            });
+            // A foreground service's output streams (to stderr: stdout is the run's result).
+            let echo = |data: &[u8]| {
+                if foreground {
+                    use std::io::Write;
+                    let _ = std::io::stderr().lock().write_all(data);
+                }
+            };
+            let res = sb.exec_sampled(
+                req,
+                &mut |s, data| {
+                    echo(data);
+                    match s {
+                        OutputStream::Stdout => {
+                            stdout.push(data);
+                            if let Some(p) = stream.as_mut() {
+                                p.push(data);
+                            }
+                        }
+                        OutputStream::Stderr => stderr.push(data),
+                    }
+                },
+                sampling,
+            );
+            drop(stop_watch);
+            let readiness = watcher.and_then(|w| w.join().ok());
+            (res, readiness)
+        });
         let exec = t0.elapsed();
         let exec_end = SystemTime::now();
         let guest = match (&before, &res) {
@@ -430,6 +491,25 @@ impl VmExecutor {
             }
             Err(e) => exec_failure(&shown, e),
         };
+        if let Some(Readiness::NotReady(why)) = &readiness {
+            let secs = watch.as_ref().map_or(0, |w| w.within.as_secs());
+            a = Attempt::failed(
+                Status::Failed,
+                format!("service not ready within ready_timeout_secs={secs} s: {why}"),
+            );
+        }
+        if let Some(svc) = &job.node.service {
+            let ready = match readiness {
+                Some(Readiness::Ready(after, at)) => Some((after, at)),
+                _ => None,
+            };
+            a.service = Some(crate::scheduler::ServiceStats {
+                ready_ms: ready.map(|(after, _)| after.as_millis() as u64),
+                ready_at: ready.map(|(_, at)| at),
+                ports: svc.ports.clone(),
+                ..crate::scheduler::ServiceStats::default()
+            });
+        }
         a.exec = Some(exec);
         a.program = program;
         // The tail goes to the summary, the JSON report and JUnit: the node's secrets never do.
@@ -540,6 +620,98 @@ impl VmExecutor {
     }
 }
 
+/// What a service needs to be ready.
+struct Watch {
+    /// Each accepts a TCP connection in the guest.
+    ports: Vec<u16>,
+    /// An agent's output file exists (its content is the output its dependents get).
+    file: Option<String>,
+    /// The bound (`ready_timeout_secs`).
+    within: Duration,
+    /// The output cap.
+    max_output: u64,
+}
+
+/// How a service's readiness watch ended.
+enum Readiness {
+    /// Ready this long after its command started, at this time.
+    Ready(Duration, SystemTime),
+    /// Not ready in time (why); the VM was stopped.
+    NotReady(String),
+    /// The command ended (or the VM died) first.
+    Ended,
+}
+
+/// Polls a service's readiness on its own guest connection until it is ready (told to the
+/// scheduler with its output), its bound passes (the VM is stopped), or `stopped` says the
+/// command ended. Without ports or a file, ready once the guest runs its command.
+fn watch_ready(
+    conn: &mut crate::sandbox::GuestConn,
+    w: &Watch,
+    ctl: &NodeControl,
+    stopped: &std::sync::mpsc::Receiver<()>,
+    t0: Instant,
+) -> Readiness {
+    let deadline = t0 + w.within;
+    loop {
+        let check = if !w.ports.is_empty() {
+            conn.probe_ports(&w.ports).map(|open| {
+                let closed: Vec<String> = w
+                    .ports
+                    .iter()
+                    .filter(|p| !open.contains(p))
+                    .map(u16::to_string)
+                    .collect();
+                match closed.len() {
+                    0 => Ok(Vec::new()),
+                    1 => Err(format!("port {} accepted no connection", closed[0])),
+                    _ => Err(format!(
+                        "ports {} accepted no connection",
+                        closed.join(", ")
+                    )),
+                }
+            })
+        } else if let Some(path) = &w.file {
+            match conn.read_file(path, w.max_output.saturating_add(1)) {
+                Ok(data) if data.len() as u64 > w.max_output => {
+                    Ok(Err(over_cap(path, data.len() as u64, w.max_output)))
+                }
+                Ok(data) => Ok(Ok(data)),
+                Err(SandboxError::Guest {
+                    code: ErrorCode::NotFound,
+                    ..
+                }) => Ok(Err(format!("{path} was not written"))),
+                Err(e) => Err(e),
+            }
+        } else {
+            conn.telemetry().map(|t| {
+                if t.active_execs > 0 {
+                    Ok(Vec::new())
+                } else {
+                    Err("its command did not start".to_string())
+                }
+            })
+        };
+        match check {
+            Ok(Ok(output)) => {
+                ctl.ready(output);
+                return Readiness::Ready(t0.elapsed(), SystemTime::now());
+            }
+            Ok(Err(why)) if Instant::now() >= deadline => {
+                ctl.stop(StopReason::NotReady);
+                return Readiness::NotReady(why);
+            }
+            Ok(Err(_)) => {}
+            // The VM is gone or going: the exec reports how.
+            Err(_) => return Readiness::Ended,
+        }
+        match stopped.recv_timeout(READY_POLL) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return Readiness::Ended,
+        }
+    }
+}
+
 /// An attempt stopped from outside reports that, not the VM death it caused.
 fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
     match ctl.stopped() {
@@ -551,7 +723,9 @@ fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
             status: Status::TimedOut,
             ..a
         },
-        None => a,
+        // A stopped sidecar's success, or a service not ready: the scheduler and the
+        // readiness watch say which.
+        Some(StopReason::ServiceDone | StopReason::NotReady) | None => a,
     }
 }
 

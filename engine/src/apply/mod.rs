@@ -247,6 +247,14 @@ fn apply_prepared(
             return 3;
         }
     };
+    // Tempdirs are made 0700: only this user reaches the services' sockets in it.
+    let services = match crate::network::services::ServiceNet::new(&plan, runtime_dir.path()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+    };
     let notice_to = progress.clone();
     let snapshots = match crate::snapshot::Snapshots::new(
         opts.snapshots,
@@ -290,6 +298,7 @@ fn apply_prepared(
             .map_or(executor::DEFAULT_TELEMETRY_BUFFER, |n| {
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
+        services,
     });
     let sched = SchedOptions {
         max_parallel: opts

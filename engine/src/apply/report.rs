@@ -34,6 +34,9 @@
 //!                                  "denials": [ { "destination": str, "port": int,
 //!                                                 "protocol": "tcp"|"udp"|"icmp"|"dns",
 //!                                                 "reason": str, "count": int } ] },
+//!                "service": null|{ "ready_ms": int|null, "ports": [int],
+//!                                  "connections": int,
+//!                                  "ended": "exited"|"stopped"|"died"|"not_ready"|"cancelled" },
 //!                "kit": null|{ "skills": [ { "name": str, "files": int, "bytes": int,
 //!                                            "redactions": int, "binary_files": int } ],
 //!                              "instructions": null|{ "path": str, "sources": [str],
@@ -153,6 +156,7 @@ pub fn json_report(
                 "network": network(&plan.graph[idx], a),
                 "kit": kit(plan, remotes, &plan.graph[idx], a),
                 "gateway": a.and_then(|a| a.gateway.as_ref()).map_or(Value::Null, |g| json!(g)),
+                "service": a.and_then(|a| a.service.as_ref()).map_or(Value::Null, |s| json!(s)),
             })
         })
         .collect();

@@ -21,7 +21,8 @@ fn plan(src: &str) -> Plan {
 
 /// Programs: `echo TEXT` outputs TEXT; `cat` outputs its stdin; `sleep MS` sleeps (until
 /// stopped) then outputs `slept`; `fail` fails; `flaky N` fails before attempt N;
-/// `input` outputs its input.json.
+/// `input` outputs its input.json; `serve MS` (a service) is ready at once with the output
+/// `ready`, then exits with 0 after MS unless stopped first.
 #[derive(Default)]
 struct Fake {
     log: Mutex<Vec<String>>,
@@ -58,6 +59,16 @@ impl Executor for Fake {
                 }
             }
             "flaky" if job.attempt >= arg.parse().unwrap_or(1) => Attempt::ok(b"ok".to_vec()),
+            "serve" => {
+                ctl.ready(b"ready".to_vec());
+                let mut a = match ctl.wait_stopped(Duration::from_millis(arg.parse().unwrap_or(0)))
+                {
+                    Some(_) => Attempt::failed(Status::Failed, "killed"),
+                    None => Attempt::ok(b"exited".to_vec()),
+                };
+                a.service = Some(crate::scheduler::ServiceStats::default());
+                a
+            }
             "big" => Attempt::failed(
                 Status::Failed,
                 crate::capped::over_cap("stdout", 99, job.max_output),
@@ -407,4 +418,105 @@ fn reports_have_the_documented_shape() {
     assert!(x.contains("<testcase name=\"bad\" classname=\"t\""));
     assert!(x.contains("<failure message=\"exit code 1\" type=\"failed\">"));
     assert_eq!(report::xml_escape("a<&\"\u{1}b"), "a&lt;&amp;&quot;b");
+}
+
+fn workflow(steps: &str, extra: &str) -> Plan {
+    plan(&format!(
+        "api_version: v1\nkind: workflow\nname: w\n{extra}workflow:\n  steps:\n{steps}"
+    ))
+}
+
+fn ended(r: &RunResult, i: usize) -> Option<crate::scheduler::ServiceEnd> {
+    r.nodes[i].last.as_ref()?.service.as_ref().map(|s| s.ended)
+}
+
+#[test]
+fn a_sidecar_serves_its_dependents_and_stops_after_the_last_one() {
+    // One slot: the ready sidecar leaves it to its dependents (no deadlock).
+    let p = workflow(
+        "    - {name: web, mode: service, ports: [8080], run: {program: serve, args: [\"60000\"]}}\n    - {name: a, depends_on: [web], run: {program: echo, args: [a]}}\n    - {name: b, depends_on: [web], run: {program: sleep, args: [\"50\"]}}\n    - {name: after, depends_on: [a, b], run: {program: echo, args: [done]}}\n",
+        "",
+    );
+    let exec = Arc::new(Fake::default());
+    let t0 = Instant::now();
+    let r = run(p, exec.clone(), opts(1));
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the sidecar was not stopped"
+    );
+    assert!(r.success(), "{:?}", statuses(&r));
+    assert_eq!(ended(&r, 0), Some(crate::scheduler::ServiceEnd::Stopped));
+    let log = exec.log.lock().unwrap().clone();
+    let at = |e: &str| log.iter().position(|l| l == e).unwrap();
+    assert!(
+        at("end web#1") > at("end a#1") && at("end web#1") > at("end b#1"),
+        "{log:?}"
+    );
+    // `after` does not depend on the service: it may run after it stopped.
+    assert_eq!(r.output.as_deref(), Some(&b"done"[..]));
+}
+
+#[test]
+fn a_sidecar_that_exits_early_fails_the_run_and_cancels_its_dependents() {
+    let p = workflow(
+        "    - {name: web, mode: service, run: {program: serve, args: [\"100\"]}}\n    - {name: test, depends_on: [web], run: {program: sleep, args: [\"30000\"]}}\n",
+        "on_failure: continue\n",
+    );
+    let t0 = Instant::now();
+    let r = run(p, Arc::new(Fake::default()), opts(2));
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert_eq!(statuses(&r), [Status::Failed, Status::Cancelled]);
+    assert_eq!(ended(&r, 0), Some(crate::scheduler::ServiceEnd::Died));
+    let err = |i: usize| {
+        r.nodes[i]
+            .last
+            .as_ref()
+            .unwrap()
+            .error
+            .clone()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        err(0),
+        "service `web` ended before its dependents finished (exit code 0)"
+    );
+    assert!(
+        err(1).starts_with("cancelled: service `web` ended"),
+        "{}",
+        err(1)
+    );
+}
+
+#[test]
+fn a_service_without_dependents_runs_in_the_foreground_until_it_exits() {
+    let p = workflow(
+        "    - {name: first, run: {program: echo, args: [x]}}\n    - {name: web, mode: service, depends_on: [first], run: {program: serve, args: [\"100\"]}}\n",
+        "",
+    );
+    let r = run(p, Arc::new(Fake::default()), opts(2));
+    assert!(r.success(), "{:?}", statuses(&r));
+    assert_eq!(ended(&r, 1), Some(crate::scheduler::ServiceEnd::Exited));
+    // Its own output at exit, not the ready one.
+    assert_eq!(r.output.as_deref(), Some(&b"exited"[..]));
+}
+
+#[test]
+fn a_service_box_feeds_the_next_stage_its_ready_output() {
+    let p = pipeline(
+        &[
+            bx("web", "serve", "60000", "      mode: service\n"),
+            bx("use", "input", "", ""),
+        ]
+        .concat(),
+        "    - {type: box, name: web}\n    - {type: box, name: use}\n",
+        "",
+    );
+    let r = run(p, Arc::new(Fake::default()), opts(1));
+    assert!(r.success(), "{:?}", statuses(&r));
+    assert_eq!(ended(&r, 0), Some(crate::scheduler::ServiceEnd::Stopped));
+    assert!(
+        String::from_utf8_lossy(r.output.as_deref().unwrap_or_default()).contains("ready"),
+        "{:?}",
+        r.output
+    );
 }

@@ -7,6 +7,7 @@
 
 pub mod flags;
 pub mod publish;
+pub mod services;
 
 pub use voidbox_spec::network_policy::{
     checks, summary, CONNECTIONS_PER_SECOND_LIMIT, MAX_CONNECTIONS_LIMIT,
@@ -31,6 +32,8 @@ pub fn nat_config(policy: NetworkPolicy, dns_upstreams: &[SocketAddr]) -> NatCon
         dns_upstreams: dns_upstreams.to_vec(),
         guest_mac: voidbox_net::DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     }
 }
 

@@ -360,22 +360,6 @@ fn sandbox_refusals(at: &Located<'_>, n: &PlanNode, c: &mut Collector) {
 }
 
 fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, purpose: Purpose, c: &mut Collector) {
-    if kind == Kind::Workflow {
-        if let Some((field, v, span)) = at.own_field("mode") {
-            if v.as_str() == Some("service") {
-                c.add(
-                    at.at(
-                        field,
-                        span,
-                        "`mode: service` (a long-running step) is not supported by `apply` yet"
-                            .into(),
-                        "remove `mode:` to run the step to completion",
-                    ),
-                    &n.name,
-                );
-            }
-        }
-    }
     if kind == Kind::Pipeline {
         for key in ["outputs", "inputs"] {
             if let Some((field, v, _)) = at.own_field(key) {
@@ -404,20 +388,15 @@ fn node_refusals(at: &Located<'_>, kind: Kind, n: &PlanNode, purpose: Purpose, c
     };
     if kind == Kind::Agent {
         if let Some((field, v, span)) = at.own_field("mode") {
-            let refused = match (v.as_str(), purpose) {
-                (Some("interactive"), Purpose::Shell) => None,
-                (Some(mode @ ("service" | "interactive")), _) => Some(mode),
-                _ => None,
-            };
-            if let Some(mode) = refused {
+            // `voidbox shell` is where an interactive agent runs.
+            if v.as_str() == Some("interactive") && purpose != Purpose::Shell {
                 c.add(
                     at.at(
                         field,
                         span,
-                        format!(
-                            "`mode: {mode}` is not supported by `apply` yet (only `task` runs)"
-                        ),
-                        "remove `mode:` to run the agent as a task",
+                        "`mode: interactive` is `voidbox shell`'s (apply runs `task` and `service`)"
+                            .into(),
+                        "run it with `voidbox shell SPEC`, or remove `mode:` to run it as a task",
                     ),
                     &n.name,
                 );

@@ -556,6 +556,10 @@ impl Observer {
                         .end_with_timestamp(t.ended.unwrap_or(e).max(t.started));
                 }
             }
+            if let Some(at) = a.service.as_ref().and_then(|s| s.ready_at) {
+                c.span()
+                    .add_event_with_timestamp("service.ready", at, spans::node_service(a));
+            }
             for g in a.guest.iter().flat_map(|g| g.samples.iter()) {
                 c.span().add_event_with_timestamp(
                     "guest.telemetry",
@@ -664,6 +668,15 @@ impl Progress for Observer {
                         ("voidbox.node.name", name.clone().into()),
                         ("voidbox.attempt", i64::from(*attempt).into()),
                     ],
+                    self.node_cx(node.index()).as_ref(),
+                );
+            }
+            Event::Ready { node } => {
+                let name = &plan.graph[*node].name;
+                self.log(
+                    opentelemetry::logs::Severity::Info,
+                    format!("{name}: service ready"),
+                    vec![("voidbox.node.name", name.clone().into())],
                     self.node_cx(node.index()).as_ref(),
                 );
             }

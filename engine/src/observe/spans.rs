@@ -117,6 +117,22 @@ pub fn node_end(n: &PlanNode, r: &NodeRecord) -> Vec<KeyValue> {
             v.push(KeyValue::new("gen_ai.agent.name", n.name.clone()));
             v.extend(token_attrs(ag));
         }
+        v.extend(node_service(a));
+    }
+    v
+}
+
+/// A service attempt's attributes: how it ended, connections served, time to ready.
+pub fn node_service(a: &Attempt) -> Vec<KeyValue> {
+    let Some(s) = &a.service else {
+        return Vec::new();
+    };
+    let mut v = vec![
+        KeyValue::new("voidbox.service.ended", s.ended.as_str()),
+        KeyValue::new("voidbox.service.connections", s.connections as i64),
+    ];
+    if let Some(ms) = s.ready_ms {
+        v.push(KeyValue::new("voidbox.service.ready_ms", ms as i64));
     }
     v
 }

@@ -25,6 +25,9 @@ pub struct VmmExit {
     pub stderr_tail: Vec<String>,
     /// The NAT's final denial counts (empty without a network device).
     pub net_denials: Vec<voidbox_net::Denial>,
+    /// Connections the NAT accepted on its published ports and sockets (a service's
+    /// dependents' connections), as last reported (0 without a network device).
+    pub net_inbound: u64,
 }
 
 impl VmmExit {

@@ -466,6 +466,29 @@ impl GuestConn {
         }
     }
 
+    /// Which of `ports` accept a TCP connection in the guest (a service's readiness; the
+    /// guest agent connects on its loopback, no process starts).
+    pub fn probe_ports(&mut self, ports: &[u16]) -> Result<Vec<u16>, SandboxError> {
+        let id = self.ids.next_id();
+        self.send(
+            "probe_ports",
+            &Message::ProbePorts(voidbox_protocol::ProbePorts {
+                id,
+                ports: ports.to_vec(),
+            }),
+        )?;
+        match self.recv_for("probe_ports", id)? {
+            // Only ports that were asked about count.
+            Message::PortsOpen(p) => Ok(p.open.into_iter().filter(|p| ports.contains(p)).collect()),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: "probe_ports".into(),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("probe_ports", "PortsOpen", other)),
+        }
+    }
+
     /// Mounts host share slot `slot` at guest path `path` (see [`super::shares`]).
     pub fn mount_share(
         &mut self,

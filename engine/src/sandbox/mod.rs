@@ -623,6 +623,15 @@ impl Sandbox {
         self.vmm.rss_kib()
     }
 
+    /// A second authenticated connection to the guest agent, under the VM's current secret:
+    /// its requests (a readiness probe, a file read) run beside an exec in progress on the
+    /// first. `timeout` bounds the connect and the handshake.
+    pub fn side_connection(&self, timeout: Duration) -> Result<GuestConn, SandboxError> {
+        let stream = guest::try_connect(&self.vsock_path, guest::AGENT_PORT, timeout)?
+            .ok_or_else(|| SandboxError::Timeout("a second guest connection".into(), timeout))?;
+        GuestConn::handshake(stream, &self.secret, None, timeout).map(|(c, _)| c)
+    }
+
     /// The host side of the VM's vsock (tests connect to it directly).
     pub fn vsock_path(&self) -> &Path {
         &self.vsock_path

@@ -89,6 +89,9 @@ pub enum VmmEvent {
         /// Every denied destination with its count.
         #[serde(default)]
         denials: Vec<voidbox_net::Denial>,
+        /// Connections accepted on the NAT's published ports and sockets so far.
+        #[serde(default)]
+        inbound: u64,
     },
     /// The VMM is exiting.
     Exited {
@@ -131,6 +134,8 @@ struct LogState {
     events: Vec<TimedEvent>,
     /// The latest `net_denials` (kept apart: the VMM repeats it as counts grow).
     net_denials: Vec<voidbox_net::Denial>,
+    /// The inbound count of that line.
+    net_inbound: u64,
     /// When it was read.
     net_denials_at: Option<Instant>,
     closed: bool,
@@ -145,8 +150,9 @@ impl StatusLog {
     /// event replaces the previous denials instead of being appended.
     pub fn push(&self, event: VmmEvent) {
         let mut s = self.lock();
-        if let VmmEvent::NetDenials { denials } = event {
+        if let VmmEvent::NetDenials { denials, inbound } = event {
             s.net_denials = denials;
+            s.net_inbound = inbound;
             s.net_denials_at = Some(Instant::now());
             self.changed.notify_all();
             return;
@@ -174,6 +180,12 @@ impl StatusLog {
     /// The NAT's denials as the VMM last reported them (empty when it reported none).
     pub fn net_denials(&self) -> Vec<voidbox_net::Denial> {
         self.lock().net_denials.clone()
+    }
+
+    /// Connections accepted on the NAT's published ports and sockets, as the VMM last
+    /// reported them (0 when it reported none).
+    pub fn net_inbound(&self) -> u64 {
+        self.lock().net_inbound
     }
 
     /// Waits until a `net_denials` line the VMM may still be holding back has arrived: until
@@ -323,11 +335,13 @@ mod tests {
             "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"10.0.0.5\",\"port\":22,\"protocol\":\"tcp\",\"reason\":\"private range\",\"count\":1}]}\n",
             "{\"event\":\"booting\",\"ms\":5}\n",
             "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"10.0.0.5\",\"port\":22,\"protocol\":\"tcp\",\"reason\":\"private range\",\"count\":3},{\"destination\":\"evil.example\",\"port\":53,\"protocol\":\"dns\",\"reason\":\"not an allowed domain\",\"count\":1}]}\n",
-            "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"x\",\"port\":1,\"protocol\":\"carrier-pigeon\",\"reason\":\"?\",\"count\":1}]}\n",
+            "{\"event\":\"net_denials\",\"denials\":[{\"destination\":\"x\",\"port\":1,\"protocol\":\"carrier-pigeon\",\"reason\":\"?\",\"count\":1}],\"inbound\":9}\n",
         );
         let log = StatusLog::default();
         assert!(log.net_denials().is_empty());
         pump(input.as_bytes(), &log);
+        // The last line that parsed had no `inbound` (an older VMM): 0.
+        assert_eq!(log.net_inbound(), 0);
         let d = log.net_denials();
         assert_eq!(d.len(), 2, "{d:?}");
         assert_eq!(
@@ -335,6 +349,11 @@ mod tests {
             ("10.0.0.5", 22, 3)
         );
         assert_eq!(d[1].protocol, voidbox_net::Protocol::Dns);
+        pump(
+            &b"{\"event\":\"net_denials\",\"denials\":[],\"inbound\":2}\n"[..],
+            &log,
+        );
+        assert_eq!((log.net_denials().len(), log.net_inbound()), (0, 2));
         // Denial lines are not events: they never crowd out `exited`.
         let evs: Vec<_> = log.events().into_iter().map(|e| e.event).collect();
         assert_eq!(evs, vec![VmmEvent::Booting { ms: 5 }]);
@@ -346,7 +365,10 @@ mod tests {
         let t = Instant::now();
         log.settle_net_denials();
         assert!(t.elapsed() < Duration::from_millis(50), "no line: no wait");
-        log.push(VmmEvent::NetDenials { denials: vec![] });
+        log.push(VmmEvent::NetDenials {
+            denials: vec![],
+            inbound: 0,
+        });
         let t = Instant::now();
         log.settle_net_denials();
         let waited = t.elapsed();
@@ -355,7 +377,10 @@ mod tests {
             "{waited:?}"
         );
         // A closed stream has nothing more to send.
-        log.push(VmmEvent::NetDenials { denials: vec![] });
+        log.push(VmmEvent::NetDenials {
+            denials: vec![],
+            inbound: 0,
+        });
         log.close();
         let t = Instant::now();
         log.settle_net_denials();

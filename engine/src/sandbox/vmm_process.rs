@@ -293,6 +293,7 @@ impl VmmProcess {
             exit.console_tail = console_tail(&self.console_log, CONSOLE_TAIL_LINES);
         }
         exit.net_denials = self.status.net_denials();
+        exit.net_inbound = self.status.net_inbound();
         exit.stderr_tail = self
             .stderr_tail
             .lock()

@@ -12,13 +12,23 @@ pub enum StopReason {
     Cancelled,
     /// Its own deadline passed.
     TimedOut,
+    /// A service whose dependents are all done: stopping it is how it ends.
+    ServiceDone,
+    /// A service that did not become ready within its `ready_timeout_secs`.
+    NotReady,
 }
+
+/// Where a service's readiness goes: the scheduler's channel and the node's index.
+pub type ReadySink = (usize, tokio::sync::mpsc::UnboundedSender<(usize, Vec<u8>)>);
 
 #[derive(Debug, Default)]
 struct State {
     stopped: Option<StopReason>,
     pid: Option<u32>,
     finished: bool,
+    ready: Option<ReadySink>,
+    /// What a stop from outside tells the node (its report's error), when not the run's.
+    why: Option<String>,
 }
 
 /// Shared stop handle of one attempt.
@@ -37,6 +47,21 @@ impl NodeControl {
         self.inner.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A handle whose [`ready`](Self::ready) reaches the scheduler (a service's attempt).
+    pub fn with_ready(sink: ReadySink) -> NodeControl {
+        let c = NodeControl::default();
+        c.lock().ready = Some(sink);
+        c
+    }
+
+    /// A service became ready with `output` (what its dependents get as input): told to
+    /// the scheduler once; later calls, or a handle without a sink, do nothing.
+    pub fn ready(&self, output: Vec<u8>) {
+        if let Some((index, tx)) = self.lock().ready.take() {
+            let _ = tx.send((index, output));
+        }
+    }
+
     /// Stops the attempt: records the reason (the first one wins) and kills its VMM.
     pub fn stop(&self, reason: StopReason) {
         let mut s = self.lock();
@@ -48,6 +73,23 @@ impl NodeControl {
             kill(pid);
         }
         self.inner.1.notify_all();
+    }
+
+    /// [`stop`](Self::stop), with the words the node's report gives as its error.
+    pub fn stop_because(&self, reason: StopReason, why: String) {
+        {
+            let mut s = self.lock();
+            if s.finished || s.stopped.is_some() {
+                return;
+            }
+            s.why = Some(why);
+        }
+        self.stop(reason);
+    }
+
+    /// The words given to [`stop_because`](Self::stop_because), if any.
+    pub fn why(&self) -> Option<String> {
+        self.lock().why.clone()
     }
 
     /// Why the attempt was stopped, if it was.

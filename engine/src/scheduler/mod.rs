@@ -156,6 +156,55 @@ pub struct Attempt {
     pub guest: Option<GuestUsage>,
     /// The program a command node started (its `run.program`, or the image's entrypoint).
     pub program: Option<String>,
+    /// A service's life: when it became ready, what it served, how it ended.
+    pub service: Option<ServiceStats>,
+}
+
+/// A service attempt's life, as reports and traces show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServiceStats {
+    /// From the start of its command to ready, in milliseconds (`None`: never ready).
+    pub ready_ms: Option<u64>,
+    /// When it became ready (for traces; not in the report).
+    #[serde(skip)]
+    pub ready_at: Option<SystemTime>,
+    /// The ports that decided readiness (empty: its process started, or its output file
+    /// appeared).
+    pub ports: Vec<u16>,
+    /// TCP connections relayed to it (from its dependents and published ports).
+    pub connections: u64,
+    /// How it ended.
+    pub ended: ServiceEnd,
+}
+
+/// How a service ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceEnd {
+    /// Its process exited on its own (a foreground service's normal end).
+    #[default]
+    Exited,
+    /// Stopped by the run once its last dependent finished.
+    Stopped,
+    /// Exited or crashed while dependents still needed it (the run fails).
+    Died,
+    /// Not ready within its `ready_timeout_secs`.
+    NotReady,
+    /// Stopped because the run stopped (fail-fast, timeout, signal).
+    Cancelled,
+}
+
+impl ServiceEnd {
+    /// The report's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceEnd::Exited => "exited",
+            ServiceEnd::Stopped => "stopped",
+            ServiceEnd::Died => "died",
+            ServiceEnd::NotReady => "not_ready",
+            ServiceEnd::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// When an attempt's phases ran, in wall-clock time (each `(start, end)`).
@@ -271,6 +320,7 @@ impl Attempt {
             phases: Phases::default(),
             guest: None,
             program: None,
+            service: None,
         }
     }
 
@@ -341,6 +391,11 @@ pub enum Event {
         delay: Duration,
         /// Why it failed.
         error: String,
+    },
+    /// A service became ready: its dependents may start.
+    Ready {
+        /// Node.
+        node: NodeIndex,
     },
     /// A node reached its final status.
     Finished {
@@ -414,6 +469,8 @@ fn jitter() -> f64 {
 enum State {
     Pending,
     Running,
+    /// A service running and ready: its dependents may start.
+    Ready,
     Done,
 }
 
@@ -439,6 +496,14 @@ struct Run {
     abort_tx: watch::Sender<Option<(Abort, Arc<str>)>>,
     abort_rx: watch::Receiver<Option<(Abort, Arc<str>)>>,
     done_tx: mpsc::UnboundedSender<Done>,
+    /// Where services say they are ready.
+    ready_tx: mpsc::UnboundedSender<(usize, Vec<u8>)>,
+    /// Sidecars told to stop because their dependents are done.
+    service_stopped: Vec<bool>,
+    /// Ready sidecars: they run, but leave their slot to their dependents (and do not stop
+    /// them from starting for memory), or a run with fewer slots than services would wait
+    /// forever.
+    ready_sidecars: usize,
     running: usize,
     mem_used: u64,
     abort: Option<Abort>,
@@ -477,11 +542,15 @@ impl Run {
                 .graph
                 .neighbors_directed(idx, Direction::Incoming)
                 .collect();
-            if preds.iter().any(|p| self.state[p.index()] != State::Done) {
+            // A ready service counts as an input that is there.
+            let settled =
+                |p: &NodeIndex| matches!(self.state[p.index()], State::Done | State::Ready);
+            if !preds.iter().all(settled) {
                 continue;
             }
             let inputs_ok = preds.iter().all(|p| {
-                self.records[p.index()].as_ref().map(|r| r.status) == Some(Status::Succeeded)
+                self.state[p.index()] == State::Ready
+                    || self.records[p.index()].as_ref().map(|r| r.status) == Some(Status::Succeeded)
             });
             if self.abort.is_some() || !inputs_ok {
                 self.state[i] = State::Done;
@@ -495,8 +564,9 @@ impl Run {
             }
             let ready = *self.ready_at[i].get_or_insert_with(Instant::now);
             let need = self.mem_of(idx);
-            if self.running >= self.opts.max_parallel
-                || (self.running > 0 && self.mem_used + need > self.opts.memory_budget_mb)
+            let active = self.running - self.ready_sidecars;
+            if active >= self.opts.max_parallel
+                || (active > 0 && self.mem_used + need > self.opts.memory_budget_mb)
             {
                 continue;
             }
@@ -507,10 +577,15 @@ impl Run {
             self.state[i] = State::Running;
             self.running += 1;
             self.mem_used += need;
+            let ready_sink = plan.graph[idx]
+                .service
+                .is_some()
+                .then(|| (i, self.ready_tx.clone()));
             tokio::spawn(node_task(NodeTask {
                 plan: plan.clone(),
                 idx,
                 input,
+                ready: ready_sink,
                 exec: self.exec.clone(),
                 controls: self.controls.clone(),
                 abort: self.abort_rx.clone(),
@@ -524,14 +599,114 @@ impl Run {
         }
     }
 
+    /// A service is ready: its output is its dependents' input, and they may start.
+    fn service_ready(&mut self, i: usize, output: Vec<u8>) {
+        if self.state[i] != State::Running {
+            return; // it ended first
+        }
+        self.state[i] = State::Ready;
+        self.outputs[i] = Some(output);
+        let node = NodeIndex::new(i);
+        if self.plan.is_sidecar(node) {
+            self.ready_sidecars += 1;
+        }
+        self.progress
+            .event(&self.plan, &Event::Ready { node }, None);
+    }
+
+    /// Stops every ready sidecar whose dependents have all finished.
+    fn stop_idle_services(&mut self) {
+        for idx in self.plan.graph.node_indices() {
+            let i = idx.index();
+            if self.service_stopped[i]
+                || !matches!(self.state[i], State::Running | State::Ready)
+                || !self.plan.is_sidecar(idx)
+            {
+                continue;
+            }
+            let done = self
+                .plan
+                .graph
+                .neighbors_directed(idx, Direction::Outgoing)
+                .all(|d| self.state[d.index()] == State::Done);
+            if done {
+                self.service_stopped[i] = true;
+                if let Some(c) = &self.controls.lock().unwrap_or_else(|e| e.into_inner())[i] {
+                    c.stop(StopReason::ServiceDone);
+                }
+            }
+        }
+    }
+
+    /// A sidecar that ended on its own while dependents still needed it fails, naming how it
+    /// ended; its running dependents are cancelled (pending ones are then skipped).
+    fn sidecar_died(&mut self, idx: NodeIndex, record: &mut NodeRecord) {
+        let i = idx.index();
+        if self.service_stopped[i] || !self.plan.is_sidecar(idx) {
+            return;
+        }
+        if record.status == Status::Cancelled || self.abort.is_some() {
+            return;
+        }
+        let name = self.plan.graph[idx].name.clone();
+        if self.state[i] != State::Ready {
+            // Never ready: a failure is its own; an exit with 0 still leaves its dependents
+            // without it.
+            if record.status == Status::Succeeded {
+                record.status = Status::Failed;
+                if let Some(a) = record.last.as_mut() {
+                    a.status = Status::Failed;
+                    a.error = Some(format!(
+                        "service `{name}` exited before it was ready (exit code {})",
+                        a.exit_code.unwrap_or(0)
+                    ));
+                }
+            }
+            return;
+        }
+        let how = match record.last.as_ref() {
+            Some(a) => match (a.exit_code, a.signal, a.error.as_deref()) {
+                (_, Some(sig), _) => format!("killed by signal {sig}"),
+                (Some(c), _, _) => format!("exit code {c}"),
+                (_, _, Some(e)) => e.lines().next().unwrap_or("").to_string(),
+                _ => "ended".to_string(),
+            },
+            None => "ended".to_string(),
+        };
+        let why = format!("service `{name}` ended before its dependents finished ({how})");
+        record.status = Status::Failed;
+        if let Some(a) = record.last.as_mut() {
+            a.status = Status::Failed;
+            a.error = Some(why.clone());
+            if let Some(s) = a.service.as_mut() {
+                s.ended = ServiceEnd::Died;
+            }
+        }
+        let controls = self.controls.lock().unwrap_or_else(|e| e.into_inner());
+        for d in self.plan.graph.neighbors_directed(idx, Direction::Outgoing) {
+            if let Some(c) = &controls[d.index()] {
+                c.stop_because(StopReason::Cancelled, format!("cancelled: {why}"));
+            }
+        }
+    }
+
     /// A node reached its final status (fail-fast aborts the run on a failure).
-    fn finished(&mut self, d: Done) {
+    fn finished(&mut self, mut d: Done) {
         let i = d.node.index();
+        if self.plan.graph[d.node].service.is_some() {
+            self.sidecar_died(d.node, &mut d.record);
+            if self.state[i] == State::Ready && self.plan.is_sidecar(d.node) {
+                self.ready_sidecars -= 1;
+            }
+        }
         self.state[i] = State::Done;
         self.running -= 1;
         self.mem_used = self.mem_used.saturating_sub(self.mem_of(d.node));
         if d.record.status == Status::Succeeded {
-            self.outputs[i] = d.record.last.as_ref().map(|a| a.output.clone());
+            // A stopped sidecar keeps the output it was ready with.
+            if !self.service_stopped[i] || self.outputs[i].is_none() {
+                self.outputs[i] = d.record.last.as_ref().map(|a| a.output.clone());
+            }
         } else if self.abort.is_none()
             && self.plan.on_failure == OnFailure::FailFast
             && d.record.status != Status::Cancelled
@@ -599,6 +774,7 @@ pub async fn run_plan(
     let n = plan.graph.node_count();
     let (abort_tx, abort_rx) = watch::channel(None::<(Abort, Arc<str>)>);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<(usize, Vec<u8>)>();
     let pipeline_deadline = plan.timeout_secs.map(|s| t0 + Duration::from_secs(s));
     let mut run = Run {
         plan,
@@ -614,12 +790,16 @@ pub async fn run_plan(
         abort_tx,
         abort_rx,
         done_tx,
+        ready_tx,
+        service_stopped: vec![false; n],
+        ready_sidecars: 0,
         running: 0,
         mem_used: 0,
         abort: None,
     };
     loop {
         run.start_ready();
+        run.stop_idle_services();
         if run.running == 0 {
             break;
         }
@@ -627,6 +807,7 @@ pub async fn run_plan(
         let open = run.abort.is_none();
         tokio::select! {
             Some(d) = done_rx.recv() => run.finished(d),
+            Some((i, output)) = ready_rx.recv() => run.service_ready(i, output),
             _ = async {
                 match sleep_until {
                     Some(t) => tokio::time::sleep_until(t).await,
@@ -685,6 +866,8 @@ struct NodeTask {
     plan: Arc<Plan>,
     idx: NodeIndex,
     input: NodeInput,
+    /// A service's readiness channel.
+    ready: Option<cancel::ReadySink>,
     exec: Arc<dyn Executor>,
     controls: Arc<Mutex<Vec<Option<NodeControl>>>>,
     abort: watch::Receiver<Option<(Abort, Arc<str>)>>,
@@ -702,7 +885,10 @@ async fn node_task(mut t: NodeTask) {
     let mut attempt = 0u32;
     let last = loop {
         attempt += 1;
-        let ctl = NodeControl::new();
+        let ctl = match &t.ready {
+            Some(sink) => NodeControl::with_ready(sink.clone()),
+            None => NodeControl::new(),
+        };
         t.controls.lock().unwrap_or_else(|e| e.into_inner())[t.idx.index()] = Some(ctl.clone());
         if t.abort.borrow().is_some() {
             ctl.stop(StopReason::Cancelled);
@@ -738,7 +924,12 @@ async fn node_task(mut t: NodeTask) {
             Some(StopReason::Cancelled) if a.status != Status::Succeeded => {
                 // The VM died because it was killed: say why it was, not how it died.
                 a.status = Status::Cancelled;
-                a.error = Some(cancelled_because(&t.abort));
+                a.error = Some(ctl.why().unwrap_or_else(|| cancelled_because(&t.abort)));
+            }
+            // A sidecar stopped because its dependents are done: that is its success.
+            Some(StopReason::ServiceDone) => {
+                a.status = Status::Succeeded;
+                a.error = None;
             }
             Some(StopReason::TimedOut) if a.status != Status::Succeeded => {
                 a.status = Status::TimedOut;
@@ -748,6 +939,14 @@ async fn node_task(mut t: NodeTask) {
                 ));
             }
             _ => {}
+        }
+        if let Some(s) = a.service.as_mut() {
+            s.ended = match ctl.stopped() {
+                Some(StopReason::ServiceDone) => ServiceEnd::Stopped,
+                Some(StopReason::NotReady) => ServiceEnd::NotReady,
+                Some(StopReason::Cancelled | StopReason::TimedOut) => ServiceEnd::Cancelled,
+                None => ServiceEnd::Exited,
+            };
         }
         t.progress
             .attempt_ended(&t.plan, t.idx, attempt, attempt_started, &a);

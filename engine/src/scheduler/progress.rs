@@ -133,6 +133,19 @@ fn line(plan: &Plan, ev: &Event, record: Option<&NodeRecord>) -> Option<String> 
             first_line(error),
             delay.as_secs_f64()
         ),
+        Event::Ready { node } => {
+            let ports = plan.graph[*node]
+                .service
+                .as_ref()
+                .map(|s| &s.ports)
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let list: Vec<String> = p.iter().map(u16::to_string).collect();
+                    format!(" (ports {} accept connections)", list.join(", "))
+                })
+                .unwrap_or_default();
+            format!("voidbox: {}: service ready{ports}", name(*node))
+        }
         Event::Finished { node } => {
             let r = record?;
             let dur = r
@@ -146,7 +159,24 @@ fn line(plan: &Plan, ev: &Event, record: Option<&NodeRecord>) -> Option<String> 
                 .filter(|_| r.status != Status::Succeeded)
                 .map(|e| format!(": {}", first_line(e)))
                 .unwrap_or_default();
-            format!("voidbox: {}: {}{dur}{err}", name(*node), r.status.as_str())
+            let service = r
+                .last
+                .as_ref()
+                .and_then(|a| a.service.as_ref())
+                .map(|s| {
+                    format!(
+                        " (service {}, {} connection{})",
+                        s.ended.as_str(),
+                        s.connections,
+                        if s.connections == 1 { "" } else { "s" }
+                    )
+                })
+                .unwrap_or_default();
+            format!(
+                "voidbox: {}: {}{service}{dur}{err}",
+                name(*node),
+                r.status.as_str()
+            )
         }
     })
 }
@@ -168,7 +198,7 @@ impl Progress for Plain {
                 Event::Finished { node } => {
                     running.remove(node);
                 }
-                Event::Retrying { .. } => {}
+                Event::Retrying { .. } | Event::Ready { .. } => {}
             }
         }
         if let Some(l) = line(plan, ev, record) {
@@ -222,7 +252,7 @@ impl Progress for Bars {
                     pb.set_message(format!("attempt {attempt}"));
                 }
             }
-            Event::Retrying { node, .. } => {
+            Event::Retrying { node, .. } | Event::Ready { node } => {
                 if let (Some(pb), Some(l)) = (bars.get(node), line(plan, ev, record)) {
                     pb.set_message(l);
                 }

@@ -120,8 +120,13 @@ pub fn create(
     cfg.vcpus = spec.vcpus;
     cfg.extra_cmdline = spec.extra_cmdline.clone();
     cfg.disks = spec.disks.clone();
+    // Nothing reaches the creator, and it reaches nothing: its NAT binds none of the node's
+    // published ports or service sockets (the restored VM's NAT does).
     cfg.network = spec.network.clone().map(|mut n| {
         n.policy = crate::network::creator_policy();
+        n.publish.clear();
+        n.publish_unix.clear();
+        n.services.clear();
         n
     });
     cfg.launcher = opts.launcher.clone();

@@ -28,6 +28,8 @@ pub fn nat(policy: NetworkPolicy, upstream: Option<std::net::SocketAddr>) -> Nat
         dns_upstreams: vec![upstream.unwrap_or_else(|| "127.0.0.1:9".parse().unwrap())],
         guest_mac: DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     })
     .expect("nat")
 }

@@ -353,5 +353,9 @@ pub fn message() -> impl Strategy<Value = Message> {
                     active_execs,
                 })
             }),
+        (id(), vec(any::<u16>(), 0..8))
+            .prop_map(|(id, ports)| Message::ProbePorts(ProbePorts { id, ports })),
+        (id(), vec(any::<u16>(), 0..8))
+            .prop_map(|(id, open)| Message::PortsOpen(PortsOpen { id, open })),
     ]
 }

@@ -178,6 +178,14 @@ pub fn samples() -> Vec<Message> {
             processes: 12,
             active_execs: 1,
         }),
+        Message::ProbePorts(ProbePorts {
+            id: RequestId(11),
+            ports: vec![8080, 5432],
+        }),
+        Message::PortsOpen(PortsOpen {
+            id: RequestId(11),
+            open: vec![8080],
+        }),
     ]
 }
 

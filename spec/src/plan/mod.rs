@@ -18,6 +18,7 @@ use crate::limits::Timeout;
 use crate::model::{
     Agent, AgentMode, BoxInput, BoxOutput, Command, Kind, Llm, Mount, MountMode, OnFailure,
     Provider, ResourceLimits, Sandbox, SandboxMode, SandboxOverride, SkillEntry, Spec, Stage,
+    StepMode,
 };
 
 /// A compiled spec.
@@ -64,6 +65,31 @@ pub struct PlanNode {
     pub group: Option<usize>,
     /// Named artifact directories (pipeline boxes' `outputs` / `inputs`).
     pub artifacts: NodeArtifacts,
+    /// Set for a `mode: service` node: long-running, with no timeout of its own.
+    pub service: Option<ServiceSettings>,
+}
+
+/// How a service node becomes ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSettings {
+    /// Ready when each of these TCP ports accepts a connection in its VM (empty: when its
+    /// process started, or, for an agent, when its output file appears); also the ports its
+    /// dependents may reach.
+    pub ports: Vec<u16>,
+    /// The bound on becoming ready, in seconds.
+    pub ready_timeout_secs: u64,
+}
+
+/// A service's readiness bound without `ready_timeout_secs`.
+pub const DEFAULT_READY_TIMEOUT_SECS: u64 = 300;
+
+impl ServiceSettings {
+    fn new(ports: &[u16], ready_timeout_secs: Option<u64>) -> ServiceSettings {
+        ServiceSettings {
+            ports: ports.to_vec(),
+            ready_timeout_secs: ready_timeout_secs.unwrap_or(DEFAULT_READY_TIMEOUT_SECS),
+        }
+    }
 }
 
 /// A box's named artifact directories (void-box `outputs` / `inputs`), copied between VMs
@@ -77,9 +103,13 @@ pub struct NodeArtifacts {
 }
 
 impl PlanNode {
-    /// The node's effective time limit: its `timeout_secs`, else the default node timeout.
+    /// The node's effective time limit: its `timeout_secs`, else the default node timeout (a
+    /// service's: the longest a command may run, [`Timeout::service`]).
     pub fn timeout(&self) -> Timeout {
-        Timeout::node(self.timeout_secs)
+        match (&self.service, self.timeout_secs) {
+            (Some(_), None) => Timeout::service(),
+            _ => Timeout::node(self.timeout_secs),
+        }
     }
 }
 
@@ -207,6 +237,19 @@ pub enum PlanError {
 }
 
 impl Plan {
+    /// `true` for a service the run stops when its dependents are done (a sidecar); a
+    /// service without dependents, or the workflow's `output_step`, runs in the foreground
+    /// until it exits.
+    pub fn is_sidecar(&self, idx: NodeIndex) -> bool {
+        self.graph[idx].service.is_some()
+            && self
+                .graph
+                .neighbors_directed(idx, Direction::Outgoing)
+                .next()
+                .is_some()
+            && !matches!(self.output, Output::Node(n) if n == idx)
+    }
+
     /// Compiles a validated spec. `spec_dir` is the directory relative paths resolve against.
     pub fn compile(spec: &Spec, spec_dir: &Path) -> Result<Plan, PlanError> {
         let mut b = Builder {
@@ -402,6 +445,7 @@ impl Builder<'_> {
             input: Input::RunInput,
             group: None,
             artifacts: NodeArtifacts::default(),
+            service: (agent.mode == AgentMode::Service).then(|| ServiceSettings::new(&[], None)),
         };
         Ok(Output::Node(self.add(node)))
     }
@@ -416,6 +460,7 @@ impl Builder<'_> {
             input: Input::RunInput,
             group: None,
             artifacts: NodeArtifacts::default(),
+            service: None,
         };
         Output::Node(self.add(node))
     }
@@ -472,18 +517,25 @@ impl Builder<'_> {
                     }
                 };
                 let agent = matches!(action, Action::Agent(_));
+                let service = (b.mode == Some(StepMode::Service))
+                    .then(|| ServiceSettings::new(&b.ports, b.ready_timeout_secs));
                 let node = PlanNode {
                     name: b.name.clone(),
                     action,
                     sandbox: self.resolve_sandbox(b.sandbox.as_ref(), agent),
                     timeout_secs: b.timeout_secs,
-                    retries: b.retries.or(self.spec.retries).unwrap_or(0),
+                    // A service is not retried (`validate` refuses its own `retries`).
+                    retries: match service {
+                        Some(_) => 0,
+                        None => b.retries.or(self.spec.retries).unwrap_or(0),
+                    },
                     input: input.clone(),
                     group,
                     artifacts: NodeArtifacts {
                         outputs: b.outputs.clone(),
                         inputs: b.inputs.clone(),
                     },
+                    service,
                 };
                 let idx = self.add(node);
                 match &prev {
@@ -524,15 +576,22 @@ impl Builder<'_> {
                 env: step.run.env.clone(),
                 workdir: step.run.workdir.clone(),
             };
+            let service = (step.mode == Some(StepMode::Service))
+                .then(|| ServiceSettings::new(&step.ports, step.ready_timeout_secs));
             let node = PlanNode {
                 name: step.name.clone(),
                 action: Action::Command(cmd),
                 sandbox: self.resolve_sandbox(step.sandbox.as_ref(), false),
                 timeout_secs: step.timeout_secs,
-                retries: step.retries.or(self.spec.retries).unwrap_or(0),
+                // A service is not retried (`validate` refuses its own `retries`).
+                retries: match service {
+                    Some(_) => 0,
+                    None => step.retries.or(self.spec.retries).unwrap_or(0),
+                },
                 input: Input::RunInput,
                 group: None,
                 artifacts: NodeArtifacts::default(),
+                service,
             };
             index.insert(step.name.as_str(), self.add(node));
         }

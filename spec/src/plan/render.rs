@@ -16,6 +16,7 @@
 //!                "memory_mb": int, "vcpus": int, "timeout_secs": int (effective),
 //!                "retries": int, "network": null|str (the policy in words),
 //!                "image": str|null, "mounts": int, "env": [str] (names only),
+//!                "service": null|{ "ports": [int], "ready_timeout_secs": int },
 //!                "input": { "from": "run_input" }|{ "from": "node", "node": str }
 //!                         |{ "from": "fan_out", "nodes": [str] }
 //!                         |{ "from": "depends_on", "nodes": [str], "stdin": str|null } } ],
@@ -109,6 +110,10 @@ pub fn json(plan: &Plan) -> serde_json::Value {
                 "image": n.sandbox.image,
                 "mounts": n.sandbox.mounts.len(),
                 "env": n.sandbox.env.keys().collect::<Vec<_>>(),
+                "service": n.service.as_ref().map(|s| json!({
+                    "ports": s.ports,
+                    "ready_timeout_secs": s.ready_timeout_secs,
+                })),
                 "input": input,
             })
         })
@@ -205,6 +210,13 @@ fn resources(node: &PlanNode) -> String {
     }
     if let Some(t) = node.timeout_secs {
         parts.push(format!("timeout {t}s"));
+    }
+    if let Some(svc) = &node.service {
+        let ports: Vec<String> = svc.ports.iter().map(|p| format!(":{p}")).collect();
+        parts.push(match ports.is_empty() {
+            true => "service".to_string(),
+            false => format!("service {}", ports.join(" ")),
+        });
     }
     if node.retries > 0 {
         parts.push(format!(

@@ -451,6 +451,7 @@ fn check_pipeline(pipeline: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
         }
         check_skills(b.get("skills"), base, out);
         check_prompt_files(b.get("prompt_files"), base, out);
+        check_service(b, "box", name, out);
         if let Some(run) = b.get("run") {
             check_env(run.get("env"), out);
         }
@@ -582,6 +583,11 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
         ));
     }
     let names = declared_names(steps, "step", out);
+    let services: HashSet<&str> = steps
+        .iter()
+        .filter(|s| s.get("mode").and_then(Node::as_str) == Some("service"))
+        .filter_map(|s| s.get("name").and_then(Node::as_str))
+        .collect();
     let mut graph: DiGraph<usize, Span> = DiGraph::new();
     let idx: Vec<NodeIndex> = (0..steps.len()).map(|i| graph.add_node(i)).collect();
     for (i, step) in steps.iter().enumerate() {
@@ -656,14 +662,18 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
                 }
             }
         }
-        if step.get("mode").and_then(Node::as_str) == Some("service")
-            && step.get("timeout_secs").is_some()
-        {
-            out.push(Diagnostic::error(
-                "voidbox::mode_conflict",
-                format!("step `{name}`: `mode: service` and `timeout_secs` are mutually exclusive"),
-                key_span(step, "timeout_secs"),
-            ));
+        check_service(step, "step", name, out);
+        if let Some(src) = outer.or(inner) {
+            if let Some(s) = src.as_str().filter(|s| services.contains(s)) {
+                out.push(
+                    Diagnostic::error(
+                        "voidbox::stdin_from_service",
+                        format!("step `{name}` reads stdin from `{s}`, a service, which has no output while its dependents run"),
+                        src.span,
+                    )
+                    .with_help(format!("reach the service as `{s}:PORT` instead")),
+                );
+            }
         }
         if let Some(r) = run {
             check_env(r.get("env"), out);
@@ -685,6 +695,86 @@ fn check_workflow(workflow: &Node, base: &Path, out: &mut Vec<Diagnostic>) {
             ));
         }
     }
+}
+
+/// A `mode: service` step or box: no `timeout_secs` or `retries` of its own, a name its
+/// dependents can resolve when it has `ports`, distinct non-zero ports; `ports` and
+/// `ready_timeout_secs` only on a service.
+fn check_service(node: &Node, what: &str, name: &str, out: &mut Vec<Diagnostic>) {
+    let service = node.get("mode").and_then(Node::as_str) == Some("service");
+    if !service {
+        for key in ["ports", "ready_timeout_secs"] {
+            if node.get(key).is_some() {
+                out.push(
+                    Diagnostic::error(
+                        "voidbox::service_field",
+                        format!(
+                            "{what} `{name}`: `{key}` applies only to a `mode: service` {what}"
+                        ),
+                        key_span(node, key),
+                    )
+                    .with_help(format!("add `mode: service`, or remove `{key}`")),
+                );
+            }
+        }
+        return;
+    }
+    for (key, why) in [
+        ("timeout_secs", "a service has no timeout of its own (it runs until it exits or its dependents are done; `ready_timeout_secs` bounds its start)"),
+        ("retries", "a service is not retried (a service that exits early fails the run)"),
+    ] {
+        if node.get(key).is_some() {
+            out.push(Diagnostic::error(
+                "voidbox::mode_conflict",
+                format!("{what} `{name}`: `mode: service` and `{key}` are mutually exclusive: {why}"),
+                key_span(node, key),
+            ));
+        }
+    }
+    let ports = items(node.get("ports"));
+    let mut seen: HashMap<u64, Span> = HashMap::new();
+    for p in ports {
+        let Some(n) = (match &p.kind {
+            NodeKind::Number(n) => n.as_u64(),
+            _ => None,
+        }) else {
+            continue; // the schema reports a port that is not a number
+        };
+        if n == 0 {
+            out.push(Diagnostic::error(
+                "voidbox::service_port",
+                format!("{what} `{name}`: port 0 is not a TCP port a service can listen on"),
+                p.span,
+            ));
+        } else if let Some(first) = seen.insert(n, p.span) {
+            out.push(
+                Diagnostic::error(
+                    "voidbox::service_port",
+                    format!("{what} `{name}` lists port {n} twice"),
+                    p.span,
+                )
+                .with_related(first, "first listed here"),
+            );
+        }
+    }
+    if !ports.is_empty() && !hostname_ok(name) {
+        out.push(
+            Diagnostic::error(
+                "voidbox::service_name",
+                format!("service `{name}` is reached as `{name}:PORT`, but `{name}` is not a host name"),
+                node.get("name").map_or(node.span, |n| n.span),
+            )
+            .with_help("name it with letters, digits and `-` (at most 63, not starting or ending with `-`)"),
+        );
+    }
+}
+
+/// A name the dependents' resolver answers: one DNS label of letters, digits and `-`.
+pub(crate) fn hostname_ok(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 /// Reports each dependency cycle once, spelled out in full (`a → b → c → a`).

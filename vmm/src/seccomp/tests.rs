@@ -260,7 +260,9 @@ fn only_the_net_filter_has_the_nats_sockets() {
         assert!(killed_by_sigsys(s), "getsockopt({level}, {name}): {s:#x}");
     }
     for (d, t, p) in [
-        (libc::AF_UNIX, libc::SOCK_STREAM | flags, 0),
+        (libc::AF_UNIX, libc::SOCK_DGRAM | flags, 0),
+        (libc::AF_UNIX, libc::SOCK_STREAM, 0),
+        (libc::AF_UNIX, libc::SOCK_SEQPACKET | flags, 0),
         (libc::AF_NETLINK, libc::SOCK_DGRAM | flags, 0),
         (libc::AF_PACKET, libc::SOCK_DGRAM | flags, 0),
         (libc::AF_INET, libc::SOCK_RAW | flags, libc::IPPROTO_ICMP),

@@ -774,19 +774,19 @@ fn denial_lines_are_cumulative_throttled_and_flushed_at_close() {
     let (f, w) = status_file();
     let r = DenialReporter::new(w);
     let t0 = Instant::now();
-    assert_eq!(r.offer(vec![], t0), None, "nothing denied: no line");
-    assert_eq!(r.offer(vec![denial(22, 1)], t0), None);
+    assert_eq!(r.offer(vec![], 0, t0), None, "nothing denied: no line");
+    assert_eq!(r.offer(vec![denial(22, 1)], 0, t0), None);
     // Changed again at once: held back until MIN_INTERVAL after the first line.
-    let due = r.offer(vec![denial(22, 2)], t0 + Duration::from_millis(10));
+    let due = r.offer(vec![denial(22, 2)], 0, t0 + Duration::from_millis(10));
     assert_eq!(due, Some(t0 + MIN_INTERVAL));
     assert_eq!(
-        r.offer(vec![denial(22, 3)], t0 + Duration::from_millis(20)),
+        r.offer(vec![denial(22, 3)], 0, t0 + Duration::from_millis(20)),
         Some(t0 + MIN_INTERVAL)
     );
     // Unchanged counts never make a line.
     let later = t0 + MIN_INTERVAL;
-    assert_eq!(r.offer(vec![denial(22, 3)], later), None);
-    assert_eq!(r.offer(vec![denial(22, 3)], later + MIN_INTERVAL), None);
+    assert_eq!(r.offer(vec![denial(22, 3)], 0, later), None);
+    assert_eq!(r.offer(vec![denial(22, 3)], 0, later + MIN_INTERVAL), None);
     let got = lines(&f);
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(got[0]["event"], "net_denials");
@@ -795,18 +795,30 @@ fn denial_lines_are_cumulative_throttled_and_flushed_at_close() {
         serde_json::json!([{"destination": "10.0.2.2", "port": 22, "protocol": "tcp",
                             "reason": "host port not allowed", "count": 1}])
     );
+    assert_eq!(got[0]["inbound"], 0);
     assert_eq!(got[1]["denials"][0]["count"], 3);
     // A change held back by the throttle is flushed by close, once; nothing after.
     let t1 = later + MIN_INTERVAL * 2;
-    r.offer(vec![denial(22, 3), denial(80, 1)], t1);
-    r.offer(vec![denial(22, 4), denial(80, 1)], t1);
+    r.offer(vec![denial(22, 3), denial(80, 1)], 0, t1);
+    r.offer(vec![denial(22, 4), denial(80, 1)], 0, t1);
     r.close();
     r.close();
-    r.offer(vec![denial(22, 9)], t1 + MIN_INTERVAL * 4);
+    r.offer(vec![denial(22, 9)], 0, t1 + MIN_INTERVAL * 4);
     let got = lines(&f);
     assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(got[3]["denials"][0]["count"], 4);
     assert_eq!(got[3]["denials"][1]["port"], 80);
+    // The inbound count alone makes a line too.
+    let (f, w) = status_file();
+    let r = DenialReporter::new(w);
+    assert_eq!(r.offer(vec![], 1, t0), None);
+    assert_eq!(r.offer(vec![], 1, t0 + MIN_INTERVAL), None);
+    r.offer(vec![], 2, t0 + MIN_INTERVAL * 2);
+    let got = lines(&f);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["inbound"], 1);
+    assert_eq!(got[0]["denials"], serde_json::json!([]));
+    assert_eq!(got[1]["inbound"], 2);
     // Closing without a change emits nothing.
     let (f, w) = status_file();
     let r = DenialReporter::new(w);
@@ -824,6 +836,8 @@ fn nat() -> Nat {
         dns_upstreams: vec!["127.0.0.1:53".parse().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: Vec::new(),
+        services: Vec::new(),
     })
     .expect("building the NAT")
 }
@@ -1162,6 +1176,12 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
     upstream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
+    // A workflow service's socket (the target of a service route), and a socket the NAT
+    // publishes (bound when it is built, before the filter).
+    let dir = tempfile::tempdir().unwrap();
+    let service = std::os::unix::net::UnixListener::bind(dir.path().join("svc.sock")).unwrap();
+    service.set_nonblocking(true).unwrap();
+    let published = dir.path().join("pub.sock");
     let nat = Nat::new(NatConfig {
         policy: NetworkPolicy {
             allow_host_ports: vec![port],
@@ -1171,6 +1191,18 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
         dns_upstreams: vec![upstream.local_addr().unwrap()],
         guest_mac: DEFAULT_GUEST_MAC,
         publish: Vec::new(),
+        publish_unix: vec![voidbox_net::PublishUnix {
+            path: published.clone(),
+            guest_port: 8080,
+        }],
+        services: vec![voidbox_net::ServiceRoute {
+            name: "web".into(),
+            addr: voidbox_net::service_addr(0).unwrap(),
+            ports: vec![voidbox_net::ServicePort {
+                port: 80,
+                path: dir.path().join("svc.sock"),
+            }],
+        }],
     })
     .unwrap();
     let h = H::new();
@@ -1239,18 +1271,47 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
         ethertype(f) == 0x0800 && f[23] == 1
     });
 
+    // A service: a Unix socket (AF_UNIX socket, connect) and a SYN-ACK.
+    g.send(&tcp_syn(
+        voidbox_net::service_addr(0).unwrap(),
+        40013,
+        80,
+        1,
+    ));
+    let synack = g.wait(wait, |f| {
+        tcp_flags(f).is_some_and(|fl| fl & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK)
+    });
+    assert!(synack.is_some(), "no SYN-ACK from the service address");
+    let end = Instant::now() + wait;
+    while service.accept().is_err() {
+        assert!(
+            Instant::now() < end,
+            "the NAT never connected to the service"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A published Unix socket: accepted on the thread, opened toward the guest (a SYN).
+    let _client = std::os::unix::net::UnixStream::connect(&published).unwrap();
+    let syn = g.wait(wait, |f| {
+        tcp_flags(f).is_some_and(|fl| fl & (TCP_SYN | TCP_ACK) == TCP_SYN)
+    });
+    assert!(syn.is_some(), "no SYN toward the guest");
+
+    let seen = |l: &[serde_json::Value]| {
+        l.iter().any(|v| {
+            v["event"] == "net_denials"
+                && v["inbound"] == 1
+                && v["denials"]
+                    .as_array()
+                    .is_some_and(|d| d.iter().any(|d| d["port"] == 9))
+        })
+    };
     let end = Instant::now() + Duration::from_secs(2);
-    while lines(&f).is_empty() && Instant::now() < end {
+    while !seen(&lines(&f)) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     thread.join().unwrap();
     let l = lines(&f);
-    assert!(
-        l.iter().any(|v| v["event"] == "net_denials"
-            && v["denials"]
-                .as_array()
-                .is_some_and(|d| d.iter().any(|d| d["port"] == 9))),
-        "{l:?}"
-    );
+    assert!(seen(&l), "{l:?}");
 }

@@ -65,12 +65,13 @@ impl NetThread {
         &self.nat
     }
 
-    /// Runs until the stop flag is set, offering the denial counts to `reporter`.
+    /// Runs until the stop flag is set, offering the denial and inbound counts to `reporter`.
     pub fn run(mut self, reporter: Option<Arc<DenialReporter>>) {
         let mut interest: Vec<(std::os::fd::RawFd, i16)> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut report_due: Option<Instant> = None;
         let mut offered_total = 0u64;
+        let mut offered_inbound = 0u64;
         // The first round runs at once: a restored guest may have posted buffers already.
         let mut more = true;
         while !self.stop.load(Ordering::Relaxed) {
@@ -117,11 +118,16 @@ impl NetThread {
             let now = Instant::now();
             more = self.round(now);
             if let Some(r) = &reporter {
-                // The list is built only when it changed or a held-back line is due.
+                // The list is built only when a count changed or a held-back line is due.
                 let total = self.nat.denial_total();
-                if total != offered_total || report_due.is_some_and(|t| now >= t) {
+                let inbound = self.nat.stats().inbound_accepted;
+                if total != offered_total
+                    || inbound != offered_inbound
+                    || report_due.is_some_and(|t| now >= t)
+                {
                     offered_total = total;
-                    report_due = r.offer(self.nat.denials(), now);
+                    offered_inbound = inbound;
+                    report_due = r.offer(self.nat.denials(), inbound, now);
                 }
             }
         }
