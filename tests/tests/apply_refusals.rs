@@ -127,3 +127,34 @@ fn a_runnable_spec_still_dry_runs() {
         r.stdout
     );
 }
+
+/// void-box's service steps (its OpenClaw examples: configure, then run a gateway for good)
+/// and service boxes plan and dry-run: the sidecar and the foreground service are shown.
+#[test]
+fn service_steps_and_boxes_dry_run() {
+    let home = tempfile::tempdir().unwrap();
+    let spec = write(
+        home.path(),
+        "gateway.yaml",
+        "api_version: v1\nkind: workflow\nname: gw\nworkflow:\n  steps:\n    - {name: configure, run: {program: sh, args: [-c, 'echo configured']}}\n    - name: gateway\n      mode: service\n      depends_on: [configure]\n      run: {program: sh, args: [-c, 'exec sleep 600']}\n  output_step: gateway\n",
+    );
+    let r = run(home.path(), &["apply", "--dry-run", &spec]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("service]"), "{}", r.stdout);
+    let spec = write(
+        home.path(),
+        "sidecar.yaml",
+        "api_version: v1\nkind: pipeline\nname: p\npipeline:\n  boxes:\n    - {name: db, mode: service, ports: [5432, 8080], run: {program: sleep, args: ['600']}}\n    - {name: test, run: {program: echo}}\n",
+    );
+    let r = run(
+        home.path(),
+        &["apply", "--dry-run", "--output", "json", &spec],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        plan["nodes"][0]["service"],
+        serde_json::json!({"ports": [5432, 8080], "ready_timeout_secs": 300})
+    );
+    assert_eq!(plan["nodes"][1]["service"], serde_json::Value::Null);
+}
