@@ -21,24 +21,6 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// Sends a UDP query from guest port `sport` and returns the answer.
-fn ask(nat: &mut Nat, sport: u16, id: u16, name: &str, rtype: RecordType) -> Message {
-    let q = query_message(id, name, rtype).unwrap();
-    nat.from_guest(&udp(DNS_IP, sport, 53, &q), Instant::now());
-    let payload = wait_for(nat, WAIT, |o| match o {
-        Out::Udp {
-            src,
-            sport: 53,
-            dport,
-            payload,
-        } if *src == DNS_IP && *dport == sport => Some(payload.clone()),
-        _ => None,
-    });
-    let m = Message::from_vec(&payload).unwrap();
-    assert_eq!(m.metadata.id, id, "reply id mapped back");
-    m
-}
-
 fn addrs(m: &Message) -> Vec<IpAddr> {
     m.answers.iter().filter_map(|r| r.data.ip_addr()).collect()
 }
@@ -59,10 +41,10 @@ fn forwards_and_filters_answers_in_denied_ranges() {
         ..NetworkPolicy::default()
     };
     let mut nat = nat(policy, Some(dns.addr()));
-    let m = ask(&mut nat, 5300, 0x1234, "public.test", RecordType::A);
+    let m = ask_dns(&mut nat, 5300, 0x1234, "public.test", RecordType::A);
     assert_eq!(m.metadata.response_code, ResponseCode::NoError);
     assert_eq!(addrs(&m), [ip("93.184.216.34")]);
-    let m = ask(&mut nat, 5300, 0x1235, "exempt.test", RecordType::A);
+    let m = ask_dns(&mut nat, 5300, 0x1235, "exempt.test", RecordType::A);
     assert_eq!(
         addrs(&m),
         [ip("192.168.7.7")],
@@ -72,7 +54,7 @@ fn forwards_and_filters_answers_in_denied_ranges() {
         .iter()
         .enumerate()
     {
-        let m = ask(&mut nat, 5301 + i as u16, 7, name, RecordType::A);
+        let m = ask_dns(&mut nat, 5301 + i as u16, 7, name, RecordType::A);
         assert_eq!(m.metadata.response_code, ResponseCode::NXDomain, "{name}");
         assert!(m.answers.is_empty());
     }
@@ -142,11 +124,11 @@ fn allow_domains_answers_nxdomain_and_pins_addresses() {
         TcpControl::Rst
     );
     // A name outside allow_domains: NXDOMAIN without asking upstream.
-    let m = ask(&mut nat, 5400, 1, "other.test", RecordType::A);
+    let m = ask_dns(&mut nat, 5400, 1, "other.test", RecordType::A);
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(nat.stats().dns_answers, 0);
     // The allowed name resolves, and its address becomes reachable.
-    let m = ask(&mut nat, 5401, 2, "Allowed.Test", RecordType::A);
+    let m = ask_dns(&mut nat, 5401, 2, "Allowed.Test", RecordType::A);
     assert_eq!(addrs(&m), [ip("127.0.0.1")]);
     assert_eq!(
         syn_answer(&mut nat, Ipv4Addr::LOCALHOST, 6002),
@@ -160,7 +142,7 @@ fn allow_domains_answers_nxdomain_and_pins_addresses() {
     );
     // Through a CNAME chain (a listener on that address too).
     let _l3 = TcpListener::bind(("127.0.0.3", port)).unwrap();
-    let m = ask(&mut nat, 5402, 3, "alias.test", RecordType::A);
+    let m = ask_dns(&mut nat, 5402, 3, "alias.test", RecordType::A);
     assert!(m.answers.iter().any(|r| matches!(r.data, RData::CNAME(_))));
     assert_eq!(addrs(&m), [ip("127.0.0.3")]);
     assert_eq!(

@@ -53,24 +53,6 @@ fn web(path: &Path) -> ServiceRoute {
     }
 }
 
-/// A UDP query from guest port `sport`, and the answer.
-fn ask(nat: &mut Nat, sport: u16, name: &str, rtype: RecordType) -> Message {
-    let q = query_message(sport, name, rtype).unwrap();
-    nat.from_guest(&udp(DNS_IP, sport, 53, &q), Instant::now());
-    let payload = wait_for(nat, WAIT, |o| match o {
-        Out::Udp {
-            src,
-            sport: 53,
-            dport,
-            payload,
-        } if *src == DNS_IP && *dport == sport => Some(payload.clone()),
-        _ => None,
-    });
-    let m = Message::from_vec(&payload).unwrap();
-    assert_eq!(m.metadata.id, sport);
-    m
-}
-
 fn a_records(m: &Message) -> Vec<(Ipv4Addr, u32)> {
     m.answers
         .iter()
@@ -129,15 +111,15 @@ fn a_dependent_reaches_a_service_by_name_both_ways() {
 
     // DNS over UDP, with public egress off: A for the name only, exactly, any case.
     for name in ["web", "WEB.", "Web"] {
-        let m = ask(&mut nat_b, 5300, name, RecordType::A);
+        let m = ask_dns(&mut nat_b, 5300, 5300, name, RecordType::A);
         assert_eq!(m.metadata.response_code, ResponseCode::NoError, "{name}");
         assert_eq!(a_records(&m), [(addr, 5)], "{name}");
     }
-    let m = ask(&mut nat_b, 5301, "web", RecordType::AAAA);
+    let m = ask_dns(&mut nat_b, 5301, 5301, "web", RecordType::AAAA);
     assert_eq!(m.metadata.response_code, ResponseCode::NoError);
     assert!(m.answers.is_empty(), "{m:?}");
     for name in ["web.example.com", "www", "eb"] {
-        let m = ask(&mut nat_b, 5302, name, RecordType::A);
+        let m = ask_dns(&mut nat_b, 5302, 5302, name, RecordType::A);
         assert_eq!(m.metadata.response_code, ResponseCode::Refused, "{name}");
     }
     assert!(

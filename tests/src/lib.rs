@@ -148,3 +148,36 @@ pub fn otlp_sink(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
     }
     (server, port, out)
 }
+
+/// Pids of live (non-zombie) processes whose environment carries `tag` (`KEY=VALUE`): the
+/// VM tests put a tag in the environment of what they start, to find leftovers.
+pub fn tagged(tag: &str) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let live = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rfind(')')
+                        .and_then(|i| s.get(i + 2..i + 3))
+                        .map(|c| c != "Z")
+                })
+                .unwrap_or(false);
+            live && env.split(|b| *b == 0).any(|kv| kv == tag.as_bytes())
+        })
+        .collect()
+}
+
+/// Fails when processes tagged `tag` are still alive 5 s from now (VMMs are killed before
+/// the CLI exits; the kernel may take a moment to reap them).
+pub fn assert_no_leftovers(tag: &str) {
+    let t0 = std::time::Instant::now();
+    while !tagged(tag).is_empty() && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(tagged(tag), Vec::<u32>::new(), "processes left behind");
+}

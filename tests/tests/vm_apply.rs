@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use voidbox_tests::repo_root;
 use voidbox_tests::vm::guest_image;
+use voidbox_tests::{assert_no_leftovers, repo_root, tagged};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 /// Generous: several VMs boot at once on a loaded, interpreting 2-core host.
@@ -22,37 +22,6 @@ fn tag() -> String {
         std::process::id(),
         Instant::now()
     )
-}
-
-/// Pids of live (non-zombie) processes whose environment carries `tag`.
-fn tagged(tag: &str) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rfind(')')
-                        .and_then(|i| s.get(i + 2..i + 3))
-                        .map(|c| c == "Z")
-                })
-                .unwrap_or(true);
-            !zombie && env.split(|b| *b == 0).any(|kv| kv == tag.as_bytes())
-        })
-        .collect()
-}
-
-fn assert_no_leftovers(tag: &str) {
-    // The VMMs are killed before `apply` exits; allow the kernel a moment to reap.
-    let t0 = Instant::now();
-    while !tagged(tag).is_empty() && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(tagged(tag), Vec::<u32>::new(), "processes left behind");
 }
 
 struct Apply {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use voidbox_tests::vm::guest_image;
+use voidbox_tests::{assert_no_leftovers, tagged};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 /// Generous: several VMs start at once on a loaded, interpreting 2-core host.
@@ -24,37 +25,6 @@ fn tag(what: &str) -> (String, String) {
             Instant::now()
         ),
     )
-}
-
-/// Live (non-zombie) processes whose environment carries `k=v`.
-fn tagged(k: &str, v: &str) -> Vec<u32> {
-    let want = format!("{k}={v}");
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            let live = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rfind(')')
-                        .and_then(|i| s.get(i + 2..i + 3))
-                        .map(|c| c != "Z")
-                })
-                .unwrap_or(false);
-            live && env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
-        })
-        .collect()
-}
-
-fn assert_no_leftovers(k: &str, v: &str) {
-    let t0 = Instant::now();
-    while !tagged(k, v).is_empty() && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(tagged(k, v), Vec::<u32>::new(), "processes left behind");
 }
 
 fn apply_json(dir: &Path, spec: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
@@ -81,7 +51,7 @@ fn apply_json(dir: &Path, spec: &str, extra: &[&str]) -> (Option<i32>, Value, St
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let doc: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("stdout is not the JSON report ({e}); stderr:\n{stderr}"));
-    assert_no_leftovers(&k, &v);
+    assert_no_leftovers(&format!("{k}={v}"));
     (out.status.code(), doc, stderr)
 }
 
@@ -249,7 +219,10 @@ fn a_foreground_service_streams_and_stops_on_sigint_with_130() {
     // Ready once its process runs, and its output streams.
     assert!(seen.contains("gateway: service ready"), "{seen}");
     assert!(seen.contains("gateway-up"), "{seen}");
-    assert!(tagged(&k, &v).len() >= 2, "apply + its VMM expected");
+    assert!(
+        tagged(&format!("{k}={v}")).len() >= 2,
+        "apply + its VMM expected"
+    );
     let st = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -262,7 +235,7 @@ fn a_foreground_service_streams_and_stops_on_sigint_with_130() {
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
     assert_eq!(status.code(), Some(130), "stderr:\n{seen}{rest}");
     assert!(rest.contains("cancelled: interrupted (SIGINT)"), "{rest}");
-    assert_no_leftovers(&k, &v);
+    assert_no_leftovers(&format!("{k}={v}"));
 }
 
 /// `examples/ci-services.yaml` with its service image served by a local registry: the

@@ -475,3 +475,28 @@ pub fn pattern(n: usize, salt: u8) -> Vec<u8> {
         .map(|i| ((i * 7 + i / 251) as u8).wrapping_add(salt))
         .collect()
 }
+
+/// Sends a DNS query (message id `id`) for `name` from guest port `sport` over UDP and
+/// returns the answer, checking its id was mapped back.
+pub fn ask_dns(
+    nat: &mut Nat,
+    sport: u16,
+    id: u16,
+    name: &str,
+    rtype: hickory_proto::rr::RecordType,
+) -> hickory_proto::op::Message {
+    let q = voidbox_net::testing::query_message(id, name, rtype).unwrap();
+    nat.from_guest(&udp(voidbox_net::DNS_IP, sport, 53, &q), Instant::now());
+    let payload = wait_for(nat, Duration::from_secs(10), |o| match o {
+        Out::Udp {
+            src,
+            sport: 53,
+            dport,
+            payload,
+        } if *src == voidbox_net::DNS_IP && *dport == sport => Some(payload.clone()),
+        _ => None,
+    });
+    let m = hickory_proto::op::Message::from_vec(&payload).unwrap();
+    assert_eq!(m.metadata.id, id, "reply id mapped back");
+    m
+}
