@@ -702,8 +702,17 @@ fn watch_ready(
                 return Readiness::NotReady(why);
             }
             Ok(Err(_)) => {}
-            // The VM is gone or going: the exec reports how.
-            Err(_) => return Readiness::Ended,
+            Err(e) => {
+                // The VM is gone or going (the exec then ends and reports how), or the guest
+                // cannot answer: a service nobody can see ready must not run on forever.
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(Duration::from_secs(1))
+                {
+                    ctl.stop(StopReason::NotReady);
+                    return Readiness::NotReady(format!("its readiness cannot be checked: {e}"));
+                }
+                return Readiness::Ended;
+            }
         }
         match stopped.recv_timeout(READY_POLL) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
