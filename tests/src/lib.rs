@@ -181,3 +181,17 @@ pub fn assert_no_leftovers(tag: &str) {
     }
     assert_eq!(tagged(tag), Vec::<u32>::new(), "processes left behind");
 }
+
+/// Reads lines from `r` until the text read so far satisfies `done` or the stream ends;
+/// returns that text.
+pub fn read_until(r: &mut impl std::io::BufRead, done: impl Fn(&str) -> bool) -> String {
+    let mut seen = String::new();
+    while !done(&seen) {
+        let mut line = String::new();
+        if r.read_line(&mut line).expect("reading the stream") == 0 {
+            break;
+        }
+        seen.push_str(&line);
+    }
+    seen
+}

@@ -2,7 +2,7 @@
 //! ~10–25 s on an interpreting KVM host, more under load), so the specs are small and
 //! several behaviours share one run. See `voidbox_tests::vm` for skipping without KVM.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -445,14 +445,7 @@ pipeline:
         .spawn()
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    while !seen.contains("b: started") {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        seen.push_str(&line);
-    }
+    let seen = voidbox_tests::read_until(&mut err, |s| s.contains("b: started"));
     // Let the VMMs come up (booting or running, both must die).
     std::thread::sleep(Duration::from_secs(3));
     assert!(tagged(&tag).len() >= 3, "apply + 2 VMMs expected");

@@ -3,7 +3,7 @@
 //! that never becomes ready fail the run, naming themselves; a foreground service stopped
 //! with SIGINT exits 130 with no VMM left. See `voidbox_tests::vm` for skipping without KVM.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -208,14 +208,9 @@ fn a_foreground_service_streams_and_stops_on_sigint_with_130() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    while !(seen.contains("gateway: service ready") && seen.contains("gateway-up")) {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        seen.push_str(&line);
-    }
+    let seen = voidbox_tests::read_until(&mut err, |s| {
+        s.contains("gateway: service ready") && s.contains("gateway-up")
+    });
     // Ready once its process runs, and its output streams.
     assert!(seen.contains("gateway: service ready"), "{seen}");
     assert!(seen.contains("gateway-up"), "{seen}");

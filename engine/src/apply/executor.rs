@@ -550,11 +550,8 @@ impl VmExecutor {
             let why = o.failure().unwrap_or_default();
             Attempt::failed(Status::Failed, format!("the agent runtime failed: {why}"))
         } else if !r.success() {
-            let how = match (r.exit_code, r.signal) {
-                (_, Some(s)) => format!("killed by signal {s}"),
-                (Some(c), _) => format!("exit code {c}"),
-                _ => "unknown status".into(),
-            };
+            let how = crate::scheduler::exit_words(r.exit_code, r.signal)
+                .unwrap_or_else(|| "unknown status".into());
             Attempt::failed(Status::Failed, format!("{program} failed: {how}"))
         } else if r.output_truncated {
             Attempt::failed(

@@ -207,6 +207,16 @@ impl ServiceEnd {
     }
 }
 
+/// How a guest command ended, in words: `killed by signal 9`, `exit code 7` (`None`: neither
+/// is known).
+pub fn exit_words(exit_code: Option<i32>, signal: Option<i32>) -> Option<String> {
+    match (exit_code, signal) {
+        (_, Some(s)) => Some(format!("killed by signal {s}")),
+        (Some(c), _) => Some(format!("exit code {c}")),
+        _ => None,
+    }
+}
+
 /// When an attempt's phases ran, in wall-clock time (each `(start, end)`).
 #[derive(Debug, Clone, Default)]
 pub struct Phases {
@@ -500,10 +510,6 @@ struct Run {
     ready_tx: mpsc::UnboundedSender<(usize, Vec<u8>)>,
     /// Sidecars told to stop because their dependents are done.
     service_stopped: Vec<bool>,
-    /// Ready sidecars: they run, but leave their slot to their dependents (and do not stop
-    /// them from starting for memory), or a run with fewer slots than services would wait
-    /// forever.
-    ready_sidecars: usize,
     running: usize,
     mem_used: u64,
     abort: Option<Abort>,
@@ -564,7 +570,7 @@ impl Run {
             }
             let ready = *self.ready_at[i].get_or_insert_with(Instant::now);
             let need = self.mem_of(idx);
-            let active = self.running - self.ready_sidecars;
+            let active = self.running - self.ready_sidecars();
             if active >= self.opts.max_parallel
                 || (active > 0 && self.mem_used + need > self.opts.memory_budget_mb)
             {
@@ -599,6 +605,17 @@ impl Run {
         }
     }
 
+    /// Ready sidecars: they run, but leave their slot to their dependents (and do not stop
+    /// them from starting for memory), or a run with fewer slots than services would wait
+    /// forever.
+    fn ready_sidecars(&self) -> usize {
+        self.plan
+            .graph
+            .node_indices()
+            .filter(|&idx| self.state[idx.index()] == State::Ready && self.plan.is_sidecar(idx))
+            .count()
+    }
+
     /// A service is ready: its output is its dependents' input, and they may start.
     fn service_ready(&mut self, i: usize, output: Vec<u8>) {
         if self.state[i] != State::Running {
@@ -607,9 +624,6 @@ impl Run {
         self.state[i] = State::Ready;
         self.outputs[i] = Some(output);
         let node = NodeIndex::new(i);
-        if self.plan.is_sidecar(node) {
-            self.ready_sidecars += 1;
-        }
         self.progress
             .event(&self.plan, &Event::Ready { node }, None);
     }
@@ -664,15 +678,17 @@ impl Run {
             }
             return;
         }
-        let how = match record.last.as_ref() {
-            Some(a) => match (a.exit_code, a.signal, a.error.as_deref()) {
-                (_, Some(sig), _) => format!("killed by signal {sig}"),
-                (Some(c), _, _) => format!("exit code {c}"),
-                (_, _, Some(e)) => e.lines().next().unwrap_or("").to_string(),
-                _ => "ended".to_string(),
-            },
-            None => "ended".to_string(),
-        };
+        let how = record
+            .last
+            .as_ref()
+            .and_then(|a| {
+                exit_words(a.exit_code, a.signal).or_else(|| {
+                    a.error
+                        .as_deref()
+                        .map(|e| e.lines().next().unwrap_or("").into())
+                })
+            })
+            .unwrap_or_else(|| "ended".to_string());
         let why = format!("service `{name}` ended before its dependents finished ({how})");
         record.status = Status::Failed;
         if let Some(a) = record.last.as_mut() {
@@ -695,9 +711,6 @@ impl Run {
         let i = d.node.index();
         if self.plan.graph[d.node].service.is_some() {
             self.sidecar_died(d.node, &mut d.record);
-            if self.state[i] == State::Ready && self.plan.is_sidecar(d.node) {
-                self.ready_sidecars -= 1;
-            }
         }
         self.state[i] = State::Done;
         self.running -= 1;
@@ -792,7 +805,6 @@ pub async fn run_plan(
         done_tx,
         ready_tx,
         service_stopped: vec![false; n],
-        ready_sidecars: 0,
         running: 0,
         mem_used: 0,
         abort: None,
