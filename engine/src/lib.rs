@@ -38,6 +38,7 @@ pub mod capped;
 pub mod cli;
 pub mod doctor;
 pub mod error_chain;
+pub mod export;
 pub mod gateway;
 pub mod image;
 pub mod kit;

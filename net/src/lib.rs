@@ -292,8 +292,18 @@ pub struct ServiceRoute {
 pub struct ServicePort {
     /// The TCP port the guest connects to.
     pub port: u16,
-    /// The Unix socket the connection is relayed to.
-    pub path: PathBuf,
+    /// Where the connection is relayed.
+    pub to: PortTarget,
+}
+
+/// Where a [`ServicePort`]'s connections go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortTarget {
+    /// A Unix socket: the service VM's NAT listening in this run ([`PublishUnix`]).
+    Unix(PathBuf),
+    /// A TCP address: the service's node runner on another machine, relaying to its VM.
+    Tcp(std::net::SocketAddr),
 }
 
 /// The address of the `index`-th service: 10.0.3.1, 10.0.3.2, … 10.0.3.254 (`None` beyond).

@@ -1,7 +1,7 @@
 //! Services the guest reaches by name ([`crate::ServiceRoute`]): the DNS proxy answers their
 //! names itself (A: the service's address, TTL [`TTL`]; any other type: no records, so
 //! resolvers fall back to A), and a guest SYN to `ADDR:PORT` for a listed port is connected
-//! to that port's Unix socket ([`crate::tcp`] holds the SYN as for any host connect). Neither
+//! to that port's target (a Unix socket, or a TCP address on another machine) ([`crate::tcp`] holds the SYN as for any host connect). Neither
 //! the egress policy nor the flow caps apply; only [`crate::MAX_PENDING_CONNECTS`] does. A
 //! SYN to a port the service does not list is denied
 //! ([`crate::reasons::NOT_SERVICE_PORT`]); UDP and ICMP to a service address go through the
@@ -15,7 +15,7 @@ use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 use socket2::SockAddr;
 
 use crate::policy::{normalize_name, reasons};
-use crate::{Nat, NatError, ServiceRoute};
+use crate::{Nat, NatError, PortTarget, ServiceRoute};
 
 /// TTL of a service name's A record: short, so a later run's address is not cached long.
 pub(crate) const TTL: u32 = 5;
@@ -39,14 +39,17 @@ pub(crate) fn compile(routes: &[ServiceRoute]) -> Result<Vec<Service>, NatError>
                 .ports
                 .iter()
                 .map(|p| {
-                    let addr = SockAddr::unix(&p.path).map_err(|e| {
-                        NatError::Config(format!(
-                            "service {} port {}: socket path {}: {e}",
-                            r.name,
-                            p.port,
-                            p.path.display()
-                        ))
-                    })?;
+                    let addr = match &p.to {
+                        PortTarget::Unix(path) => SockAddr::unix(path).map_err(|e| {
+                            NatError::Config(format!(
+                                "service {} port {}: socket path {}: {e}",
+                                r.name,
+                                p.port,
+                                path.display()
+                            ))
+                        })?,
+                        PortTarget::Tcp(a) => SockAddr::from(*a),
+                    };
                     Ok((p.port, addr))
                 })
                 .collect::<Result<_, NatError>>()?;

@@ -48,7 +48,7 @@ fn web(path: &Path) -> ServiceRoute {
         addr: service_addr(0).unwrap(),
         ports: vec![ServicePort {
             port: PORT,
-            path: path.to_path_buf(),
+            to: PortTarget::Unix(path.to_path_buf()),
         }],
     }
 }
@@ -302,7 +302,7 @@ fn invalid_service_configs_are_refused() {
         addr,
         ports: vec![ServicePort {
             port,
-            path: path.clone(),
+            to: PortTarget::Unix(path.clone()),
         }],
     };
     let a1 = service_addr(0).unwrap();
@@ -337,11 +337,11 @@ fn invalid_service_configs_are_refused() {
                 ports: vec![
                     ServicePort {
                         port: 80,
-                        path: path.clone(),
+                        to: PortTarget::Unix(path.clone()),
                     },
                     ServicePort {
                         port: 80,
-                        path: path.clone(),
+                        to: PortTarget::Unix(path.clone()),
                     },
                 ],
                 ..route("web", a1, 80)

@@ -53,10 +53,19 @@ impl GuestFiles for Sandbox {
     }
 }
 
-/// Writes every `inputs` entry of `node` into its VM, before its command starts.
-pub fn place_inputs(g: &mut dyn GuestFiles, node: &PlanNode, run_dir: &Path) -> Result<(), String> {
+/// Writes every `inputs` entry of `node` into its VM, before its command starts: each from
+/// `given` (a node runner's `--inputs`), else from the run directory `run_dir`.
+pub fn place_inputs(
+    g: &mut dyn GuestFiles,
+    node: &PlanNode,
+    run_dir: &Path,
+    given: &std::collections::HashMap<String, PathBuf>,
+) -> Result<(), String> {
     for i in &node.artifacts.inputs {
-        let src = store_dir(run_dir, &i.from);
+        let src = given
+            .get(&i.from)
+            .cloned()
+            .unwrap_or_else(|| store_dir(run_dir, &i.from));
         if !src.is_dir() {
             return Err(format!(
                 "input `{}`: the output was never collected (its box did not succeed)",

@@ -39,6 +39,12 @@ pub struct VmExecutor {
     /// Directory receiving `<node>.<attempt>.console.log` (the node name encoded by
     /// [`crate::names::file_component`]).
     pub logs_dir: PathBuf,
+    /// Where box outputs (artifacts) are collected: `<dir>/artifacts/<name>/`
+    /// ([`super::artifacts::store_dir`]); box inputs are read there too unless given.
+    pub artifacts_dir: PathBuf,
+    /// Box inputs that come from outside the run (a node runner's `--inputs`): artifact name
+    /// → its directory.
+    pub given_artifacts: std::collections::HashMap<String, PathBuf>,
     /// Parent of the per-VM temp dirs.
     pub runtime_dir: Option<PathBuf>,
     /// Resolves `file:` skills.
@@ -369,7 +375,12 @@ impl VmExecutor {
                 return stopped_or(ctl, sandbox_failure(e));
             }
         }
-        if let Err(e) = super::artifacts::place_inputs(sb, &job.node, &self.logs_dir) {
+        if let Err(e) = super::artifacts::place_inputs(
+            sb,
+            &job.node,
+            &self.artifacts_dir,
+            &self.given_artifacts,
+        ) {
             return stopped_or(ctl, Attempt::failed(Status::Failed, e));
         }
         // A command node's program as prepared (its image's entrypoint when `run` names
@@ -477,7 +488,7 @@ impl VmExecutor {
                     match super::artifacts::collect_outputs(
                         sb,
                         &job.node,
-                        &self.logs_dir,
+                        &self.artifacts_dir,
                         job.max_output,
                     ) {
                         Ok(stats) => a.artifacts = stats,

@@ -12,6 +12,7 @@
 
 pub mod artifacts;
 pub mod executor;
+pub mod node_runner;
 pub mod report;
 
 use std::io::{IsTerminal, Write};
@@ -71,6 +72,16 @@ pub struct ApplyOptions {
     /// Connect to every model endpoint before anything starts ([`crate::node::reachable`]); `false`:
     /// `--no-endpoint-check`.
     pub endpoint_check: bool,
+    /// A node runner's (`--node`) results directory: box outputs are collected into it, and
+    /// `output` and `report.json` are written there when the run ends.
+    pub outputs_dir: Option<PathBuf>,
+    /// A node runner's input, built from outputs made elsewhere
+    /// ([`node_runner::prepare`]).
+    pub given_input: Option<crate::scheduler::data::NodeInput>,
+    /// A node runner's box inputs: artifact name → directory.
+    pub given_artifacts: std::collections::HashMap<String, PathBuf>,
+    /// A node runner's services on other machines.
+    pub across: Option<node_runner::Across>,
 }
 
 impl Default for ApplyOptions {
@@ -88,6 +99,10 @@ impl Default for ApplyOptions {
             spec: None,
             trace_file: None,
             endpoint_check: true,
+            outputs_dir: None,
+            given_input: None,
+            given_artifacts: std::collections::HashMap::new(),
+            across: None,
         }
     }
 }
@@ -162,11 +177,17 @@ pub fn apply(plan: Plan, opts: &ApplyOptions) -> u8 {
         }
         None => u64::MAX,
     };
-    let progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
+    let mut progress: Arc<dyn Progress> = if std::io::stderr().is_terminal() {
         Arc::new(Bars::new())
     } else {
         Arc::new(Plain::new())
     };
+    if let Some(dir) = &opts.outputs_dir {
+        progress = Arc::new(node_runner::ReadyFile {
+            inner: progress,
+            path: dir.join("ready"),
+        });
+    }
     // The run's span opens here, so preparation (images, runtimes) is part of the trace.
     let observer =
         match crate::observe::Observer::start(prepared.observe.clone(), &plan, progress.clone()) {
@@ -248,7 +269,16 @@ fn apply_prepared(
         }
     };
     // Tempdirs are made 0700: only this user reaches the services' sockets in it.
-    let services = match crate::network::services::ServiceNet::new(&plan, runtime_dir.path()) {
+    let services =
+        crate::network::services::ServiceNet::new(&plan, runtime_dir.path()).and_then(|mut s| {
+            match &opts.across {
+                Some(a) => s
+                    .across_machines(&a.full, a.node, &a.addrs, a.listen)
+                    .map(|()| s),
+                None => Ok(s),
+            }
+        });
+    let services = match services {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -277,12 +307,15 @@ fn apply_prepared(
             progress.notice(n);
         }
     }
+    let artifacts_dir = opts.outputs_dir.clone().unwrap_or_else(|| logs_dir.clone());
     let exec = Arc::new(executor::VmExecutor {
         image,
         node_vms,
         launcher: VmmLauncher::default(),
         boot_timeout: opts.boot_timeout,
         logs_dir,
+        artifacts_dir,
+        given_artifacts: opts.given_artifacts.clone(),
         runtime_dir: Some(runtime_dir.path().to_path_buf()),
         spec_dir: plan.spec_dir.clone(),
         remotes: remotes.clone(),
@@ -310,6 +343,7 @@ fn apply_prepared(
         max_output: opts.max_output,
         retry_base: opts.retry_base,
         run_input: opts.input.clone(),
+        given_input: opts.given_input.clone(),
     };
     let plan = Arc::new(plan);
     if let Some(o) = observer {
@@ -426,6 +460,14 @@ pub fn finish(
             }
         }
     }
+    if let Some(dir) = &opts.outputs_dir {
+        if let Err(e) = write_results(dir, plan, remotes, r, code) {
+            eprintln!("error: {e}");
+            if code == 0 {
+                code = 2;
+            }
+        }
+    }
     let mut out = std::io::stdout().lock();
     match opts.output {
         OutputFormat::Json => {
@@ -449,6 +491,27 @@ pub fn finish(
     }
     let _ = out.flush();
     code
+}
+
+/// A node runner's results: `output` (when the node succeeded) and `report.json` in `dir`.
+fn write_results(
+    dir: &std::path::Path,
+    plan: &Plan,
+    remotes: &crate::kit::Remotes,
+    r: &RunResult,
+    code: u8,
+) -> Result<(), String> {
+    let write = |name: &str, data: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, data).map_err(|e| format!("writing {}: {e}", path.display()))
+    };
+    if let Some(o) = &r.output {
+        write("output", o)?;
+    }
+    let doc = report::json_report(plan, remotes, r, code);
+    let mut text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+    text.push(b'\n');
+    write("report.json", &text)
 }
 
 /// Parses `--input`: inline JSON or `@file` (whose contents are passed as they are).

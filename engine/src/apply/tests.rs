@@ -92,6 +92,7 @@ fn opts(max_parallel: usize) -> SchedOptions {
         max_output: 1 << 20,
         retry_base: Duration::from_millis(5),
         run_input: None,
+        given_input: None,
     }
 }
 

@@ -39,6 +39,9 @@ pub enum Command {
     /// Run a spec (`--dry-run` prints the plan without running anything).
     #[command(after_help = apply_after_help())]
     Apply(ApplyArgs),
+    /// Write a spec as a distributed engine's workflow (Argo Workflows, GitHub Actions): one
+    /// engine node per plan node, each running `voidbox apply SPEC --node NAME`.
+    Export(crate::export::ExportArgs),
     /// Stage every agent box's skills kit (secrets redacted) and report it per skill.
     Skills(crate::kit::cli::SkillsArgs),
     /// Check this host for what voidbox needs (KVM, guest image, disk, memory, host tools).
@@ -149,6 +152,30 @@ pub struct ApplyArgs {
     /// unreachable one is refused, exit 3): for an endpoint that comes up during the run.
     #[arg(long)]
     pub no_endpoint_check: bool,
+    /// Run only this node, in its own VM (a node runner, for a distributed engine: see
+    /// `voidbox export`); its upstream results come from `--inputs`, its own go to `--outputs`.
+    #[arg(long, value_name = "NAME", requires = "outputs")]
+    pub node: Option<String>,
+    /// With `--node` or `--final-output`: the upstream nodes' results, one directory per node
+    /// (`DIR/<node>/output`, `DIR/<node>/artifacts/<name>/`).
+    #[arg(long, value_name = "DIR")]
+    pub inputs: Option<PathBuf>,
+    /// With `--node` or `--final-output`: a new or empty directory receiving `output`,
+    /// `artifacts/` and `report.json`.
+    #[arg(long, value_name = "DIR")]
+    pub outputs: Option<PathBuf>,
+    /// With `--node`: the address of the runner of a `mode: service` node this node depends
+    /// on (`NAME=IP`; repeatable); its ports are reached there.
+    #[arg(long, value_name = "NAME=IP", requires = "node", value_parser = crate::apply::node_runner::parse_service)]
+    pub service: Vec<(String, std::net::IpAddr)>,
+    /// With `--node` of a `mode: service` node with `ports`: also accept its dependents'
+    /// connections on IP:PORT for each port (e.g. 0.0.0.0 in an engine's pod).
+    #[arg(long, value_name = "IP", requires = "node")]
+    pub service_listen: Option<std::net::IpAddr>,
+    /// Build the run's final output from the final nodes' results under `--inputs` into
+    /// `--outputs DIR/output`, as a whole `apply` would print it (no VM starts).
+    #[arg(long, requires_all = ["inputs", "outputs"], conflicts_with_all = ["node", "dry_run", "trace", "junit"])]
+    pub final_output: bool,
 }
 
 /// The limits `voidbox apply --help` documents after the options.
@@ -219,6 +246,10 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Apply(args) => apply_cmd(&args),
+        Command::Export(args) => match load_plan_and_source(&args.file, 1) {
+            Ok((plan, text)) => crate::export::export_cmd(&plan, &text, &args),
+            Err(code) => code,
+        },
         Command::Skills(args) => match load_plan(&args.file, 1) {
             Ok(plan) => crate::kit::cli::skills_cmd(&plan, &args),
             Err(code) => code,
@@ -541,16 +572,15 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         Ok(src) => std::sync::Arc::new(src),
         Err(code) => return code,
     };
-    if args.dry_run {
-        return ExitCode::from(dry_run(&plan, &src, args));
-    }
-    if plan.mode == SandboxMode::Mock {
-        eprintln!(
-            "error: {}: `sandbox.mode: mock` never runs anything, so `apply` refuses it\n  help: use `voidbox apply --dry-run {}` to see the plan, or set `mode: auto`",
-            args.file.display(),
-            args.file.display()
-        );
+    if (args.inputs.is_some() || args.outputs.is_some())
+        && args.node.is_none()
+        && !args.final_output
+    {
+        eprintln!("error: --inputs and --outputs go with --node NAME or --final-output");
         return ExitCode::from(2);
+    }
+    if args.final_output {
+        return ExitCode::from(final_output_cmd(&plan, args));
     }
     let input = args.input.as_deref().map(crate::apply::parse_input);
     let input = match input.transpose() {
@@ -560,6 +590,34 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let (plan, job, across) = match &args.node {
+        Some(name) => match node_job(&plan, name, input.as_deref(), args) {
+            Ok((job, across)) => (job.plan, Some((job.input, job.artifacts)), Some(across)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => (plan, None, None),
+    };
+    if args.dry_run {
+        return ExitCode::from(dry_run(&plan, &src, args));
+    }
+    if let Some(dir) = args.outputs.as_deref() {
+        if let Err(e) = crate::apply::node_runner::outputs_dir(dir) {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if plan.mode == SandboxMode::Mock {
+        eprintln!(
+            "error: {}: `sandbox.mode: mock` never runs anything, so `apply` refuses it\n  help: use `voidbox apply --dry-run {}` to see the plan, or set `mode: auto`",
+            args.file.display(),
+            args.file.display()
+        );
+        return ExitCode::from(2);
+    }
+    let (given_input, given_artifacts) = job.unzip();
     let opts = crate::apply::ApplyOptions {
         input,
         output: args.output,
@@ -572,9 +630,61 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
         spec: Some(src),
         trace_file: args.trace.clone(),
         endpoint_check: !args.no_endpoint_check,
+        outputs_dir: args.outputs.clone(),
+        given_input,
+        given_artifacts: given_artifacts.unwrap_or_default(),
+        across,
         ..crate::apply::ApplyOptions::default()
     };
     ExitCode::from(crate::apply::apply(plan, &opts))
+}
+
+/// `apply --node NAME`: the node's job, built from `--inputs`, and its services on other
+/// machines.
+fn node_job(
+    plan: &Plan,
+    name: &str,
+    input: Option<&[u8]>,
+    args: &ApplyArgs,
+) -> Result<
+    (
+        crate::apply::node_runner::NodeJob,
+        crate::apply::node_runner::Across,
+    ),
+    String,
+> {
+    use crate::apply::node_runner;
+    let idx = node_runner::find_node(plan, name)?;
+    let across = node_runner::Across {
+        full: plan.clone(),
+        node: idx,
+        addrs: args.service.clone(),
+        listen: args.service_listen,
+    };
+    across.check()?;
+    let job = node_runner::prepare(plan, idx, args.inputs.as_deref(), input, args.max_output)?;
+    Ok((job, across))
+}
+
+/// `apply --final-output`: writes the run's final output from the final nodes' results.
+fn final_output_cmd(plan: &Plan, args: &ApplyArgs) -> u8 {
+    use crate::apply::node_runner;
+    let (Some(inputs), Some(outputs)) = (args.inputs.as_deref(), args.outputs.as_deref()) else {
+        return 2; // clap requires both
+    };
+    let result = node_runner::outputs_dir(outputs)
+        .and_then(|()| node_runner::final_from(plan, inputs, args.max_output))
+        .and_then(|bytes| {
+            let path = outputs.join("output");
+            std::fs::write(&path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
+        });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
 }
 
 /// `apply --dry-run`: the refusals `apply` would make (same messages, same exit code), and a

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use petgraph::Direction;
-use voidbox_net::{PublishUnix, ServicePort, ServiceRoute};
+use voidbox_net::{PortTarget, PublishUnix, ServicePort, ServiceRoute};
 
 use crate::plan::Plan;
 
@@ -20,6 +20,9 @@ const MAX_SOCKET_PATH: usize = 107;
 #[derive(Debug, Clone, Default)]
 pub struct ServiceNet {
     listen: HashMap<String, Vec<PublishUnix>>,
+    /// A service's ports published on a TCP address, for dependents on other machines (a
+    /// node runner's `--service-listen`).
+    publish: HashMap<String, Vec<voidbox_net::Publish>>,
     routes: HashMap<String, Vec<ServiceRoute>>,
     /// Services in the foreground (no dependents, or the output step): their output streams.
     foreground: Vec<String>,
@@ -53,7 +56,7 @@ impl ServiceNet {
                 .iter()
                 .map(|&port| {
                     let path = dir.join(format!("{count}-{port}.sock"));
-                    socket_path_ok(&path).map(|()| ServicePort { port, path })
+                    socket_path_ok(&path).map(|()| (port, path))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             count += 1;
@@ -61,12 +64,19 @@ impl ServiceNet {
                 node.name.clone(),
                 ports
                     .iter()
-                    .map(|p| PublishUnix {
-                        path: p.path.clone(),
-                        guest_port: p.port,
+                    .map(|(port, path)| PublishUnix {
+                        path: path.clone(),
+                        guest_port: *port,
                     })
                     .collect(),
             );
+            let ports: Vec<ServicePort> = ports
+                .into_iter()
+                .map(|(port, path)| ServicePort {
+                    port,
+                    to: PortTarget::Unix(path),
+                })
+                .collect();
             let mut seen = Vec::new();
             for d in dependents {
                 if seen.contains(&d) {
@@ -86,6 +96,93 @@ impl ServiceNet {
         Ok(net)
     }
 
+    /// A node runner's services across machines: the node `node` of `full` (whose runner
+    /// has `self` from its one-node plan) reaches each sidecar it depends on at the address
+    /// `addrs` gives for it (`--service NAME=ADDR`), on that service's ports; and, with
+    /// `listen` (`--service-listen ADDR`), a service publishes its ports on that address for
+    /// its dependents' runners. Every sidecar with ports must have an address, and every
+    /// address must be such a sidecar's.
+    pub fn across_machines(
+        &mut self,
+        full: &Plan,
+        node: petgraph::graph::NodeIndex,
+        addrs: &[(String, std::net::IpAddr)],
+        listen: Option<std::net::IpAddr>,
+    ) -> Result<(), String> {
+        let name = &full.graph[node].name;
+        let mut upstream: Vec<_> = full
+            .graph
+            .neighbors_directed(node, Direction::Incoming)
+            .filter(|&s| {
+                full.is_sidecar(s)
+                    && full.graph[s]
+                        .service
+                        .as_ref()
+                        .is_some_and(|x| !x.ports.is_empty())
+            })
+            .collect();
+        upstream.sort();
+        upstream.dedup();
+        for (given, _) in addrs {
+            if !upstream.iter().any(|&s| &full.graph[s].name == given) {
+                return Err(format!(
+                    "--service {given}=…: `{name}` depends on no service `{given}` with ports"
+                ));
+            }
+        }
+        for (i, &s) in upstream.iter().enumerate() {
+            let svc = &full.graph[s];
+            let Some((_, ip)) = addrs.iter().find(|(n, _)| n == &svc.name) else {
+                return Err(format!(
+                    "--node {name} depends on the service `{}`: give its runner's address with --service {}=ADDR",
+                    svc.name, svc.name
+                ));
+            };
+            let addr = voidbox_net::service_addr(i)
+                .ok_or_else(|| format!("`{name}` depends on more than {i} services"))?;
+            let ports = svc
+                .service
+                .iter()
+                .flat_map(|x| &x.ports)
+                .map(|&port| ServicePort {
+                    port,
+                    to: PortTarget::Tcp(std::net::SocketAddr::new(*ip, port)),
+                })
+                .collect();
+            self.routes
+                .entry(name.clone())
+                .or_default()
+                .push(ServiceRoute {
+                    name: svc.name.clone(),
+                    addr,
+                    ports,
+                });
+        }
+        if let Some(ip) = listen {
+            let ports = full.graph[node]
+                .service
+                .as_ref()
+                .map(|x| x.ports.clone())
+                .unwrap_or_default();
+            if ports.is_empty() {
+                return Err(format!(
+                    "--service-listen: `{name}` is not a `mode: service` node with `ports`"
+                ));
+            }
+            self.publish.insert(
+                name.clone(),
+                ports
+                    .into_iter()
+                    .map(|port| voidbox_net::Publish {
+                        host: std::net::SocketAddr::new(ip, port),
+                        guest_port: port,
+                    })
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
     /// The sockets `node`'s NAT listens on (empty unless it is a reached service).
     pub fn listen(&self, node: &str) -> &[PublishUnix] {
         self.listen.get(node).map_or(&[], Vec::as_slice)
@@ -103,12 +200,15 @@ impl ServiceNet {
 
     /// `node`'s VM needs a network device for its services even without network of its own.
     pub fn needs_nic(&self, node: &str) -> bool {
-        !self.listen(node).is_empty() || !self.routes(node).is_empty()
+        !self.listen(node).is_empty()
+            || !self.routes(node).is_empty()
+            || self.publish.contains_key(node)
     }
 
     /// Adds `node`'s service sockets and routes to its NAT config.
     pub fn apply_to(&self, node: &str, nat: &mut voidbox_net::NatConfig) {
         nat.publish_unix = self.listen(node).to_vec();
+        nat.publish = self.publish.get(node).cloned().unwrap_or_default();
         nat.services = self.routes(node).to_vec();
     }
 }

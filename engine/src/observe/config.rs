@@ -173,7 +173,9 @@ pub fn resolve(
         .or_else(|| var("VOIDBOX_SERVICE_NAME"))
         .or_else(|| observe.and_then(|o| o.service_name.clone()))
         .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
-    let traceparent = var("TRACEPARENT").map(|t| (t.trim().to_string(), var("TRACESTATE")));
+    let traceparent = var("TRACEPARENT")
+        .map(|t| (t.trim().to_string(), var("TRACESTATE")))
+        .or_else(|| var(RUN_ID_VAR).map(|id| (run_traceparent(&id), None)));
     let endpoint = endpoint.filter(|_| traces_on);
     let metrics_endpoint = metrics_endpoint.filter(|_| metrics_on);
     Ok(Settings {
@@ -188,6 +190,26 @@ pub fn resolve(
         traceparent,
         export_timeout,
     })
+}
+
+/// The variable a distributed run's node runners share (`voidbox export` sets it to the
+/// engine's run id): without `TRACEPARENT`, each runner's trace is [`run_traceparent`] of it,
+/// so the nodes of one run on many machines form one trace.
+pub const RUN_ID_VAR: &str = "VOIDBOX_RUN_ID";
+
+/// The W3C traceparent every runner of run `id` derives alike: trace id and parent span id
+/// from SHA-256 of the id (the parent is the run's virtual root, which no runner records).
+pub fn run_traceparent(id: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::digest(format!("voidbox-run\0{}", id.trim()).as_bytes()).to_vec();
+    // All-zero ids are invalid in W3C Trace Context; a digest of zeros is merely unlikely.
+    h[15] |= 1;
+    h[23] |= 1;
+    format!(
+        "00-{}-{}-01",
+        hex::encode(&h[..16]),
+        hex::encode(&h[16..24])
+    )
 }
 
 /// Checks that `url` can be an OTLP endpoint (`source` names it in the error).

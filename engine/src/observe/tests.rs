@@ -445,6 +445,48 @@ fn a_traceparent_makes_the_run_a_child_and_a_bad_one_is_ignored() {
     }
 }
 
+/// Runners of one distributed run share `VOIDBOX_RUN_ID`: their traces are one, under one
+/// parent; another run id is another trace; `TRACEPARENT` wins over it.
+#[test]
+fn a_run_id_gives_every_runner_of_the_run_one_trace() {
+    let tp = |vars: &[(&str, &str)]| resolve(None, &env(vars), None).unwrap().traceparent;
+    let a = tp(&[("VOIDBOX_RUN_ID", "3f2c-uid")]).unwrap().0;
+    assert_eq!(tp(&[("VOIDBOX_RUN_ID", "3f2c-uid")]).unwrap().0, a);
+    assert_ne!(tp(&[("VOIDBOX_RUN_ID", "3f2c-uid2")]).unwrap().0, a);
+    let parts: Vec<&str> = a.split('-').collect();
+    assert_eq!(parts.len(), 4, "{a}");
+    assert_eq!(
+        (parts[0], parts[1].len(), parts[2].len(), parts[3]),
+        ("00", 32, 16, "01")
+    );
+    assert!(parts[1].chars().all(|c| c.is_ascii_hexdigit()) && parts[1] != "0".repeat(32));
+    let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let both = tp(&[("VOIDBOX_RUN_ID", "3f2c-uid"), ("TRACEPARENT", given)]);
+    assert_eq!(both.unwrap().0, given);
+    // The derived parent is valid W3C: a run's spans hang under it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.json");
+    let settings = resolve(
+        None,
+        &env(&[("VOIDBOX_RUN_ID", "3f2c-uid")]),
+        Some(file.clone()),
+    )
+    .unwrap();
+    let obs = Observer::start(settings, &plan(), Arc::new(Silent))
+        .unwrap()
+        .unwrap();
+    obs.end_early(0);
+    obs.shutdown();
+    let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let spans = spans_of(&doc);
+    let root = spans
+        .iter()
+        .find(|s| s["name"] == "voidbox apply p")
+        .unwrap();
+    assert_eq!(root["traceId"], parts[1]);
+    assert_eq!(root["parentSpanId"], parts[2]);
+}
+
 #[test]
 fn an_unwritable_trace_file_is_reported() {
     let settings = resolve(None, &env(&[]), Some("/nonexistent-dir/t.json".into())).unwrap();

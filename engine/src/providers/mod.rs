@@ -236,6 +236,17 @@ pub fn runtime_of(
     })
 }
 
+/// The host variable holding `llm`'s API key, as [`resolve`] reads it without overrides:
+/// `api_key_env`, else the default of `claude` (`ANTHROPIC_API_KEY`) and `codex`
+/// (`OPENAI_API_KEY`); `None` for a provider that needs no key.
+pub fn key_var(llm: &Llm) -> Option<String> {
+    llm.api_key_env.clone().or_else(|| match llm.provider {
+        Provider::Claude => Some("ANTHROPIC_API_KEY".into()),
+        Provider::Codex => Some("OPENAI_API_KEY".into()),
+        _ => None,
+    })
+}
+
 /// Resolves `llm` with the overrides read through `env` (the process environment in the CLI:
 /// `&|k| std::env::var(k).ok()`); API keys are read through `env` too, the login from disk.
 pub fn resolve(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, ProviderError> {

@@ -368,6 +368,10 @@ pub struct SchedOptions {
     pub retry_base: Duration,
     /// The run's input (`--input`).
     pub run_input: Option<Vec<u8>>,
+    /// The input of the nodes that take the run's input, built outside the run: a node
+    /// runner (`apply --node`) builds its node's input from outputs made on other machines,
+    /// exactly as [`node_input`] would have from the same outputs.
+    pub given_input: Option<NodeInput>,
 }
 
 /// Why the whole run stopped early.
@@ -576,8 +580,11 @@ impl Run {
             {
                 continue;
             }
-            let Some(input) = node_input(&plan, idx, self.opts.run_input.as_deref(), &self.outputs)
-            else {
+            let input = match (&self.opts.given_input, &plan.graph[idx].input) {
+                (Some(given), crate::plan::Input::RunInput) => Some(given.clone()),
+                _ => node_input(&plan, idx, self.opts.run_input.as_deref(), &self.outputs),
+            };
+            let Some(input) = input else {
                 continue;
             };
             self.state[i] = State::Running;

@@ -311,6 +311,30 @@ impl Plan {
         levels
     }
 
+    /// The plan of node `idx` alone, as a node runner runs it (`voidbox apply --node`): no
+    /// edges, no group, the run's input as its input, its output the plan's output; the
+    /// spec-wide settings (failure policy, deadline, mode, observe) stay. A service in it runs
+    /// in the foreground.
+    pub fn only(&self, idx: NodeIndex) -> Plan {
+        let mut graph = DiGraph::new();
+        let mut node = self.graph[idx].clone();
+        node.input = Input::RunInput;
+        node.group = None;
+        let one = graph.add_node(node);
+        Plan {
+            name: self.name.clone(),
+            kind: self.kind,
+            graph,
+            groups: Vec::new(),
+            output: Output::Node(one),
+            on_failure: self.on_failure,
+            timeout_secs: self.timeout_secs,
+            mode: self.mode,
+            spec_dir: self.spec_dir.clone(),
+            observe: self.observe.clone(),
+        }
+    }
+
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<NodeIndex> {
         self.graph
@@ -785,5 +809,24 @@ mod tests {
             (t[1].limit, t[1].secs),
             (TimeoutLimit::DefaultNode, DEFAULT_NODE_TIMEOUT_SECS)
         );
+    }
+
+    #[test]
+    fn a_node_alone_keeps_its_settings_and_loses_its_edges() {
+        let p = crate::plan::compile_for_test(
+            "kind: pipeline\nname: p\ntimeout_secs: 50\npipeline:\n  boxes:\n    - {name: a, run: {program: echo}}\n    - {name: b, run: {program: cat}, retries: 2}\n    - {name: c, run: {program: cat}}\n  stages:\n    - {type: box, name: a}\n    - {type: fan_out, boxes: [b, c]}\n",
+        );
+        let b = p.node("b").unwrap();
+        let one = p.only(b);
+        assert_eq!(one.graph.node_count(), 1);
+        assert_eq!(one.graph.edge_count(), 0);
+        let n = &one.graph[NodeIndex::new(0)];
+        assert_eq!(
+            (n.name.as_str(), n.retries, &n.input, n.group),
+            ("b", 2, &Input::RunInput, None)
+        );
+        assert_eq!(one.output, Output::Node(NodeIndex::new(0)));
+        assert!(one.groups.is_empty());
+        assert_eq!(one.timeout_secs, Some(50));
     }
 }

@@ -1200,7 +1200,7 @@ fn the_net_thread_runs_under_its_own_seccomp_filter() {
             addr: voidbox_net::service_addr(0).unwrap(),
             ports: vec![voidbox_net::ServicePort {
                 port: 80,
-                path: dir.path().join("svc.sock"),
+                to: voidbox_net::PortTarget::Unix(dir.path().join("svc.sock")),
             }],
         }],
     })

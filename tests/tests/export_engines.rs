@@ -1,0 +1,208 @@
+//! `voidbox export` checked against the engines' own definitions: every pipeline and workflow
+//! of `examples/` and `specs/valid/` is exported to Argo Workflows and to GitHub Actions; the
+//! Argo documents validate against Argo's published JSON Schema (vendored in
+//! `tests/vendor/argo-workflows`) and load into hera's models (PyYAML, a YAML 1.1 reader);
+//! the GitHub workflows validate against the schema check-jsonschema vendors
+//! (`vendor.github-workflows`) and pass actionlint with no finding. Also the node runner's
+//! usage errors, which stop before any VM (exit 2). No KVM needed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use voidbox_tests::{repo_root, run_in, wheel_tool};
+
+const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+
+/// Every pipeline and workflow spec of the examples and the valid corpus.
+fn specs() -> Vec<PathBuf> {
+    let root = repo_root();
+    let mut out = Vec::new();
+    for dir in ["examples", "specs/valid"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            if text.contains("\nkind: pipeline") || text.contains("\nkind: workflow") {
+                out.push(f);
+            }
+        }
+    }
+    assert!(out.len() >= 10, "too few specs found: {out:?}");
+    out
+}
+
+/// Specs GitHub Actions cannot run, and why (`mode: service` sidecars).
+const GITHUB_REFUSED: &[(&str, &str)] = &[
+    ("ci-services.yaml", "node `api`: it is a `mode: service` sidecar"),
+    ("workflow-service-sidecar.yaml", "node `web`: it is a `mode: service` sidecar"),
+];
+
+fn export(spec: &Path, args: &[&str]) -> voidbox_tests::Run {
+    let mut all = vec!["export", spec.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run_in(VOIDBOX, &repo_root(), &all)
+}
+
+fn run_tool(tool: &Path, args: &[&str], files: &[PathBuf]) -> String {
+    let out = Command::new(tool)
+        .args(args)
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", tool.display()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{} {args:?} failed:\n{text}", tool.display());
+    text
+}
+
+#[test]
+fn argo_exports_validate_against_argos_schema_and_load_into_hera() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut workflows = Vec::new();
+    let mut docs = Vec::new();
+    for (i, spec) in specs().iter().enumerate() {
+        for kind in ["workflow", "workflow-template"] {
+            let r = export(
+                spec,
+                &["--format", "argo", "--image", "registry.example/voidbox:0.1.0", "--kind", kind],
+            );
+            assert_eq!(r.code, Some(0), "{}: {}", spec.display(), r.stderr);
+            let (config_map, workflow) = r
+                .stdout
+                .split_once("\n---\n")
+                .unwrap_or_else(|| panic!("{}: not two documents", spec.display()));
+            let wf = dir.path().join(format!("{i}-{kind}.yaml"));
+            std::fs::write(&wf, workflow).unwrap();
+            workflows.push(wf);
+            let all = dir.path().join(format!("{i}-{kind}-all.yaml"));
+            std::fs::write(&all, &r.stdout).unwrap();
+            docs.push((all, spec.clone()));
+            assert!(config_map.contains("kind: ConfigMap"), "{config_map}");
+        }
+    }
+    let schema = repo_root().join("tests/vendor/argo-workflows/schema.json");
+    let out = run_tool(
+        &wheel_tool("check-jsonschema"),
+        &["--schemafile", schema.to_str().unwrap()],
+        &workflows,
+    );
+    assert!(out.contains("ok -- validation done"), "{out}");
+    // hera: the Workflow (or WorkflowTemplate) loads into its models, and the ConfigMap,
+    // read by PyYAML, carries the spec byte for byte.
+    let script = r#"
+import sys, yaml
+from hera.workflows import Workflow, WorkflowTemplate
+from hera.workflows import models
+args = sys.argv[1:]
+for path, spec in zip(args[0::2], args[1::2]):
+    cm, wf = list(yaml.safe_load_all(open(path)))
+    assert cm["kind"] == "ConfigMap", path
+    assert cm["data"]["spec.yaml"] == open(spec).read(), f"{path}: the spec changed on its way"
+    cls, model = (Workflow, models.Workflow) if wf["kind"] == "Workflow" else (WorkflowTemplate, models.WorkflowTemplate)
+    w = cls.from_dict(wf)
+    m = model.model_validate(wf)
+    names = {t.name for t in m.spec.templates}
+    for task in m.spec.templates[0].dag.tasks:
+        assert task.template in names, f"{path}: task {task.name} names no template"
+    assert len(w.templates) == len(wf["spec"]["templates"]), path
+print(f"hera loaded {len(args) // 2} exports")
+"#;
+    let mut pairs = Vec::new();
+    for (all, spec) in &docs {
+        pairs.push(all.clone());
+        pairs.push(spec.clone());
+    }
+    let out = run_tool(&wheel_tool("python"), &["-c", script], &pairs);
+    assert!(out.contains(&format!("hera loaded {} exports", docs.len())), "{out}");
+}
+
+#[test]
+fn github_exports_validate_against_the_workflow_schema_and_pass_actionlint() {
+    let dir = tempfile::tempdir().unwrap();
+    let wf_dir = dir.path().join(".github/workflows");
+    std::fs::create_dir_all(&wf_dir).unwrap();
+    let mut files = Vec::new();
+    for (i, spec) in specs().iter().enumerate() {
+        let r = export(
+            spec,
+            &["--format", "github-actions", "--voidbox-repo", "acme/voidbox"],
+        );
+        let name = spec.file_name().unwrap().to_str().unwrap();
+        if let Some((_, why)) = GITHUB_REFUSED.iter().find(|(f, _)| *f == name) {
+            assert_eq!(r.code, Some(2), "{name}: {}", r.stdout);
+            assert!(r.stderr.contains(why), "{name}: {}", r.stderr);
+            assert!(r.stdout.is_empty());
+            continue;
+        }
+        assert_eq!(r.code, Some(0), "{}: {}", spec.display(), r.stderr);
+        // The spec's path is its path in the repository.
+        let rel = spec.strip_prefix(repo_root()).unwrap().to_str().unwrap();
+        assert!(r.stdout.contains(&format!("VOIDBOX_SPEC: {rel}\n")), "{}", r.stdout);
+        let f = wf_dir.join(format!("voidbox-{i}.yml"));
+        std::fs::write(&f, &r.stdout).unwrap();
+        files.push(f);
+    }
+    assert!(files.len() >= 8, "{files:?}");
+    let out = run_tool(
+        &wheel_tool("check-jsonschema"),
+        &["--builtin-schema", "vendor.github-workflows"],
+        &files,
+    );
+    assert!(out.contains("ok -- validation done"), "{out}");
+    let out = run_tool(&wheel_tool("actionlint"), &["-no-color"], &files);
+    assert!(out.trim().is_empty(), "actionlint findings:\n{out}");
+}
+
+/// The node runner refuses, before any VM starts, an unknown node (listing the nodes), a
+/// node without the inputs it needs, a missing input file (naming node and file), and a
+/// non-empty `--outputs`.
+#[test]
+fn node_runner_usage_errors_stop_before_any_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = repo_root().join("examples/fan-out.yaml");
+    let spec = spec.to_str().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let ins = dir.path().join("in");
+    std::fs::create_dir_all(ins.join("words")).unwrap();
+    std::fs::write(ins.join("words/output"), "9\n").unwrap();
+    std::fs::write(ins.join("upper/output"), "X\n").unwrap_or_default();
+    let ins = ins.to_str().unwrap();
+    let cwd = dir.path();
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "nope", "--outputs", out]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("its nodes are: seed, words, upper, lines, collect"), "{}", r.stderr);
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "collect", "--outputs", out]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("it takes the results of words, upper, lines; give them with --inputs DIR"), "{}", r.stderr);
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "collect", "--inputs", ins, "--outputs", out]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("node `collect` needs the output of `upper`") && r.stderr.contains("in/upper/output: no such file"), "{}", r.stderr);
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed"]);
+    assert_eq!(r.code, Some(2), "--node needs --outputs");
+    assert!(r.stderr.contains("--outputs"), "{}", r.stderr);
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--inputs", ins]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("go with --node NAME or --final-output"), "{}", r.stderr);
+    std::fs::create_dir_all(dir.path().join("full")).unwrap();
+    std::fs::write(dir.path().join("full/x"), "").unwrap();
+    let full = dir.path().join("full");
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed", "--outputs", full.to_str().unwrap()]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("not empty"), "{}", r.stderr);
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed", "--outputs", out, "--service", "web"]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("NAME=ADDR"), "{}", r.stderr);
+    // --final-output needs the final node's results.
+    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--final-output", "--inputs", ins, "--outputs", out]);
+    assert_eq!(r.code, Some(2));
+    assert!(r.stderr.contains("the final output needs the output of `collect`"), "{}", r.stderr);
+}
