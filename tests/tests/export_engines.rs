@@ -38,8 +38,14 @@ fn specs() -> Vec<PathBuf> {
 
 /// Specs GitHub Actions cannot run, and why (`mode: service` sidecars).
 const GITHUB_REFUSED: &[(&str, &str)] = &[
-    ("ci-services.yaml", "node `api`: it is a `mode: service` sidecar"),
-    ("workflow-service-sidecar.yaml", "node `web`: it is a `mode: service` sidecar"),
+    (
+        "ci-services.yaml",
+        "node `api`: it is a `mode: service` sidecar",
+    ),
+    (
+        "workflow-service-sidecar.yaml",
+        "node `web`: it is a `mode: service` sidecar",
+    ),
 ];
 
 fn export(spec: &Path, args: &[&str]) -> voidbox_tests::Run {
@@ -59,7 +65,11 @@ fn run_tool(tool: &Path, args: &[&str], files: &[PathBuf]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{} {args:?} failed:\n{text}", tool.display());
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{text}",
+        tool.display()
+    );
     text
 }
 
@@ -72,7 +82,14 @@ fn argo_exports_validate_against_argos_schema_and_load_into_hera() {
         for kind in ["workflow", "workflow-template"] {
             let r = export(
                 spec,
-                &["--format", "argo", "--image", "registry.example/voidbox:0.1.0", "--kind", kind],
+                &[
+                    "--format",
+                    "argo",
+                    "--image",
+                    "registry.example/voidbox:0.1.0",
+                    "--kind",
+                    kind,
+                ],
             );
             assert_eq!(r.code, Some(0), "{}: {}", spec.display(), r.stderr);
             let (config_map, workflow) = r
@@ -121,7 +138,10 @@ print(f"hera loaded {len(args) // 2} exports")
         pairs.push(spec.clone());
     }
     let out = run_tool(&wheel_tool("python"), &["-c", script], &pairs);
-    assert!(out.contains(&format!("hera loaded {} exports", docs.len())), "{out}");
+    assert!(
+        out.contains(&format!("hera loaded {} exports", docs.len())),
+        "{out}"
+    );
 }
 
 #[test]
@@ -133,7 +153,12 @@ fn github_exports_validate_against_the_workflow_schema_and_pass_actionlint() {
     for (i, spec) in specs().iter().enumerate() {
         let r = export(
             spec,
-            &["--format", "github-actions", "--voidbox-repo", "acme/voidbox"],
+            &[
+                "--format",
+                "github-actions",
+                "--voidbox-repo",
+                "acme/voidbox",
+            ],
         );
         let name = spec.file_name().unwrap().to_str().unwrap();
         if let Some((_, why)) = GITHUB_REFUSED.iter().find(|(f, _)| *f == name) {
@@ -145,7 +170,11 @@ fn github_exports_validate_against_the_workflow_schema_and_pass_actionlint() {
         assert_eq!(r.code, Some(0), "{}: {}", spec.display(), r.stderr);
         // The spec's path is its path in the repository.
         let rel = spec.strip_prefix(repo_root()).unwrap().to_str().unwrap();
-        assert!(r.stdout.contains(&format!("VOIDBOX_SPEC: {rel}\n")), "{}", r.stdout);
+        assert!(
+            r.stdout.contains(&format!("VOIDBOX_SPEC: {rel}\n")),
+            "{}",
+            r.stdout
+        );
         let f = wf_dir.join(format!("voidbox-{i}.yml"));
         std::fs::write(&f, &r.stdout).unwrap();
         files.push(f);
@@ -174,35 +203,116 @@ fn node_runner_usage_errors_stop_before_any_vm() {
     let ins = dir.path().join("in");
     std::fs::create_dir_all(ins.join("words")).unwrap();
     std::fs::write(ins.join("words/output"), "9\n").unwrap();
-    std::fs::write(ins.join("upper/output"), "X\n").unwrap_or_default();
     let ins = ins.to_str().unwrap();
     let cwd = dir.path();
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "nope", "--outputs", out]);
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &["apply", spec, "--node", "nope", "--outputs", out],
+    );
     assert_eq!(r.code, Some(2), "{}", r.stderr);
-    assert!(r.stderr.contains("its nodes are: seed, words, upper, lines, collect"), "{}", r.stderr);
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "collect", "--outputs", out]);
+    assert!(
+        r.stderr
+            .contains("its nodes are: seed, words, upper, lines, collect"),
+        "{}",
+        r.stderr
+    );
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &["apply", spec, "--node", "collect", "--outputs", out],
+    );
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.contains("it takes the results of words, upper, lines; give them with --inputs DIR"), "{}", r.stderr);
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "collect", "--inputs", ins, "--outputs", out]);
+    assert!(
+        r.stderr
+            .contains("it takes the results of words, upper, lines; give them with --inputs DIR"),
+        "{}",
+        r.stderr
+    );
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &[
+            "apply",
+            spec,
+            "--node",
+            "collect",
+            "--inputs",
+            ins,
+            "--outputs",
+            out,
+        ],
+    );
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.contains("node `collect` needs the output of `upper`") && r.stderr.contains("in/upper/output: no such file"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("node `collect` needs the output of `upper`")
+            && r.stderr.contains("in/upper/output: no such file"),
+        "{}",
+        r.stderr
+    );
     let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed"]);
     assert_eq!(r.code, Some(2), "--node needs --outputs");
     assert!(r.stderr.contains("--outputs"), "{}", r.stderr);
     let r = run_in(VOIDBOX, cwd, &["apply", spec, "--inputs", ins]);
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.contains("go with --node NAME or --final-output"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("go with --node NAME or --final-output"),
+        "{}",
+        r.stderr
+    );
     std::fs::create_dir_all(dir.path().join("full")).unwrap();
     std::fs::write(dir.path().join("full/x"), "").unwrap();
     let full = dir.path().join("full");
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed", "--outputs", full.to_str().unwrap()]);
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &[
+            "apply",
+            spec,
+            "--node",
+            "seed",
+            "--outputs",
+            full.to_str().unwrap(),
+        ],
+    );
     assert_eq!(r.code, Some(2));
     assert!(r.stderr.contains("not empty"), "{}", r.stderr);
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed", "--outputs", out, "--service", "web"]);
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &[
+            "apply",
+            spec,
+            "--node",
+            "seed",
+            "--outputs",
+            out,
+            "--service",
+            "web",
+        ],
+    );
     assert_eq!(r.code, Some(2));
     assert!(r.stderr.contains("NAME=ADDR"), "{}", r.stderr);
     // --final-output needs the final node's results.
-    let r = run_in(VOIDBOX, cwd, &["apply", spec, "--final-output", "--inputs", ins, "--outputs", out]);
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &[
+            "apply",
+            spec,
+            "--final-output",
+            "--inputs",
+            ins,
+            "--outputs",
+            out,
+        ],
+    );
     assert_eq!(r.code, Some(2));
-    assert!(r.stderr.contains("the final output needs the output of `collect`"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the final output needs the output of `collect`"),
+        "{}",
+        r.stderr
+    );
 }

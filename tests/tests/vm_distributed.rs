@@ -27,12 +27,20 @@ const BOOT_TIMEOUT: &str = "400";
 fn tag(what: &str) -> (String, String) {
     (
         "VOIDBOX_TEST_TAG".to_string(),
-        format!("distributed-{what}-{}-{:?}", std::process::id(), Instant::now()),
+        format!(
+            "distributed-{what}-{}-{:?}",
+            std::process::id(),
+            Instant::now()
+        ),
     )
 }
 
 /// Runs `voidbox ARGS` in `cwd` with `env`; (exit code, stdout bytes, stderr).
-fn voidbox(cwd: &Path, args: &[String], env: &[(String, String)]) -> (Option<i32>, Vec<u8>, String) {
+fn voidbox(
+    cwd: &Path,
+    args: &[String],
+    env: &[(String, String)],
+) -> (Option<i32>, Vec<u8>, String) {
     let (k, v) = tag("run");
     let out = Command::new(VOIDBOX)
         .args(args)
@@ -78,7 +86,12 @@ fn strs(v: &Value) -> Vec<String> {
 fn whole_apply(spec: &Path) -> Vec<u8> {
     let (code, out, err) = voidbox(
         &repo_root(),
-        &["apply".into(), spec.display().to_string(), "--boot-timeout".into(), BOOT_TIMEOUT.into()],
+        &[
+            "apply".into(),
+            spec.display().to_string(),
+            "--boot-timeout".into(),
+            BOOT_TIMEOUT.into(),
+        ],
         &[],
     );
     assert_eq!(code, Some(0), "{err}");
@@ -93,7 +106,11 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
     let spec_dir = work.join("spec");
     std::fs::create_dir_all(&spec_dir).unwrap();
     let cm = yaml(cm);
-    std::fs::write(spec_dir.join("spec.yaml"), cm["data"]["spec.yaml"].as_str().unwrap()).unwrap();
+    std::fs::write(
+        spec_dir.join("spec.yaml"),
+        cm["data"]["spec.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
     let wf = yaml(wf);
     let templates: HashMap<String, Value> = wf["spec"]["templates"]
         .as_array()
@@ -101,7 +118,10 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
         .iter()
         .map(|t| (t["name"].as_str().unwrap().to_string(), t.clone()))
         .collect();
-    let tasks = wf["spec"]["templates"][0]["dag"]["tasks"].as_array().unwrap().clone();
+    let tasks = wf["spec"]["templates"][0]["dag"]["tasks"]
+        .as_array()
+        .unwrap()
+        .clone();
     let mut done: Vec<String> = Vec::new();
     let mut last = String::new();
     while done.len() < tasks.len() {
@@ -127,7 +147,12 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
                 .as_array()
                 .map(|a| {
                     a.iter()
-                        .map(|x| (x["name"].as_str().unwrap().to_string(), x["from"].as_str().unwrap().to_string()))
+                        .map(|x| {
+                            (
+                                x["name"].as_str().unwrap().to_string(),
+                                x["from"].as_str().unwrap().to_string(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -137,7 +162,10 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
                     .strip_prefix("{{tasks.")
                     .and_then(|s| s.strip_suffix(".outputs.artifacts.results}}"))
                     .unwrap();
-                copy_dir(&work.join(producer).join("outputs"), Path::new(&map(a["path"].as_str().unwrap())));
+                copy_dir(
+                    &work.join(producer).join("outputs"),
+                    Path::new(&map(a["path"].as_str().unwrap())),
+                );
             }
             let c = &tpl["container"];
             assert_eq!(strs(&c["command"]), ["voidbox"]);
@@ -149,11 +177,21 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|e| Some((e["name"].as_str()?.into(), e["value"].as_str()?.replace("{{workflow.uid}}", "replay-uid"))))
+                .filter_map(|e| {
+                    Some((
+                        e["name"].as_str()?.into(),
+                        e["value"]
+                            .as_str()?
+                            .replace("{{workflow.uid}}", "replay-uid"),
+                    ))
+                })
                 .collect();
             let (code, _, err) = voidbox(work, &args, &env);
             assert_eq!(code, Some(0), "task {name}: {args:?}\n{err}");
-            assert!(root.join("outputs/report.json").is_file() || args.contains(&"--final-output".to_string()));
+            assert!(
+                root.join("outputs/report.json").is_file()
+                    || args.contains(&"--final-output".to_string())
+            );
             done.push(name.clone());
             last = name;
         }
@@ -173,14 +211,21 @@ fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
     let bin = work.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::os::unix::fs::symlink(VOIDBOX, bin.join("voidbox")).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut artifacts: HashMap<String, PathBuf> = HashMap::new();
     let mut done: Vec<String> = Vec::new();
     let mut last = String::new();
     while done.len() < jobs.len() {
         let before = done.len();
         for (name, job) in jobs {
-            let needs: Vec<String> = job["needs"].as_array().map(|_| strs(&job["needs"])).unwrap_or_default();
+            let needs: Vec<String> = job["needs"]
+                .as_array()
+                .map(|_| strs(&job["needs"]))
+                .unwrap_or_default();
             if done.contains(name) || !needs.iter().all(|d| done.contains(d)) {
                 continue;
             }
@@ -200,10 +245,15 @@ fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
                 } else if s["env"]["VOIDBOX_SPEC"].is_string() {
                     let script = s["run"].as_str().unwrap().replace(
                         "voidbox apply \"$VOIDBOX_SPEC\" --node",
-                        &format!("voidbox apply \"$VOIDBOX_SPEC\" --boot-timeout {BOOT_TIMEOUT} --node"),
+                        &format!(
+                            "voidbox apply \"$VOIDBOX_SPEC\" --boot-timeout {BOOT_TIMEOUT} --node"
+                        ),
                     );
                     let mut cmd = Command::new("bash");
-                    cmd.args(["-e", "-c", &script]).current_dir(&dir).env("PATH", &path).env("NO_COLOR", "1");
+                    cmd.args(["-e", "-c", &script])
+                        .current_dir(&dir)
+                        .env("PATH", &path)
+                        .env("NO_COLOR", "1");
                     for (k, v) in s["env"].as_object().unwrap() {
                         let v = v.as_str().unwrap().replace(
                             "${{ github.repository_id }}-${{ github.run_id }}-${{ github.run_attempt }}",
@@ -215,7 +265,11 @@ fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
                     let (k, v) = tag("job");
                     let out = cmd.env(&k, &v).output().unwrap();
                     assert_no_leftovers(&format!("{k}={v}"));
-                    assert!(out.status.success(), "job {name}: {}", String::from_utf8_lossy(&out.stderr));
+                    assert!(
+                        out.status.success(),
+                        "job {name}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                 }
             }
             done.push(name.clone());
@@ -233,11 +287,21 @@ fn replayed_argo_and_github_exports_give_applys_output() {
     }
     let spec = repo_root().join("examples/fan-out.yaml");
     let want = whole_apply(&spec);
-    assert_eq!(want, b"[9,\"THE QUICK BROWN FOX\\nJUMPS OVER THE LAZY DOG\",2]\n");
+    assert_eq!(
+        want,
+        b"[9,\"THE QUICK BROWN FOX\\nJUMPS OVER THE LAZY DOG\",2]\n"
+    );
     let dir = tempfile::tempdir().unwrap();
     let (code, argo, err) = voidbox(
         &repo_root(),
-        &["export".into(), "examples/fan-out.yaml".into(), "--format".into(), "argo".into(), "--image".into(), "r.example/voidbox:1".into()],
+        &[
+            "export".into(),
+            "examples/fan-out.yaml".into(),
+            "--format".into(),
+            "argo".into(),
+            "--image".into(),
+            "r.example/voidbox:1".into(),
+        ],
         &[],
     );
     assert_eq!(code, Some(0), "{err}");
@@ -245,11 +309,22 @@ fn replayed_argo_and_github_exports_give_applys_output() {
     assert_eq!(got, want, "Argo replay");
     let (code, gh, err) = voidbox(
         &repo_root(),
-        &["export".into(), "examples/fan-out.yaml".into(), "--format".into(), "github-actions".into(), "--voidbox-repo".into(), "acme/voidbox".into()],
+        &[
+            "export".into(),
+            "examples/fan-out.yaml".into(),
+            "--format".into(),
+            "github-actions".into(),
+            "--voidbox-repo".into(),
+            "acme/voidbox".into(),
+        ],
         &[],
     );
     assert_eq!(code, Some(0), "{err}");
-    let got = replay_github(&String::from_utf8(gh).unwrap(), &dir.path().join("gh"), "examples/fan-out.yaml");
+    let got = replay_github(
+        &String::from_utf8(gh).unwrap(),
+        &dir.path().join("gh"),
+        "examples/fan-out.yaml",
+    );
     assert_eq!(got, want, "GitHub Actions replay");
 }
 
@@ -281,13 +356,28 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     let out = dir.path().join("join-out");
     let (code, stdout, err) = voidbox(
         dir.path(),
-        &args(&["apply", &spec, "--node", "join", "--inputs", ins.to_str().unwrap(), "--outputs", out.to_str().unwrap(), "--boot-timeout", BOOT_TIMEOUT]),
+        &args(&[
+            "apply",
+            &spec,
+            "--node",
+            "join",
+            "--inputs",
+            ins.to_str().unwrap(),
+            "--outputs",
+            out.to_str().unwrap(),
+            "--boot-timeout",
+            BOOT_TIMEOUT,
+        ]),
         &[],
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(stdout, br#"["text",2,"B"]"#);
-    assert_eq!(std::fs::read(out.join("output")).unwrap(), br#"["text",2,"B"]"#);
-    let report: Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        std::fs::read(out.join("output")).unwrap(),
+        br#"["text",2,"B"]"#
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["status"], "succeeded");
     assert_eq!(report["nodes"].as_array().unwrap().len(), 1);
     assert_eq!(report["nodes"][0]["name"], "join");
@@ -298,19 +388,46 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     let junit = dir.path().join("flaky.xml");
     let (code, stdout, err) = voidbox(
         dir.path(),
-        &args(&["apply", &spec, "--node", "flaky", "--inputs", ins.to_str().unwrap(), "--outputs", out.to_str().unwrap(), "--junit", junit.to_str().unwrap(), "--boot-timeout", BOOT_TIMEOUT]),
+        &args(&[
+            "apply",
+            &spec,
+            "--node",
+            "flaky",
+            "--inputs",
+            ins.to_str().unwrap(),
+            "--outputs",
+            out.to_str().unwrap(),
+            "--junit",
+            junit.to_str().unwrap(),
+            "--boot-timeout",
+            BOOT_TIMEOUT,
+        ]),
         &[],
     );
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(err.contains("attempt-3"), "{err}");
-    assert!(!out.join("output").exists(), "a failed node leaves no output");
-    let report: Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert!(
+        !out.join("output").exists(),
+        "a failed node leaves no output"
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     let node = &report["nodes"][0];
-    assert_eq!((node["name"].as_str(), node["status"].as_str(), node["attempts"].as_u64()), (Some("flaky"), Some("failed"), Some(3)));
+    assert_eq!(
+        (
+            node["name"].as_str(),
+            node["status"].as_str(),
+            node["attempts"].as_u64()
+        ),
+        (Some("flaky"), Some("failed"), Some(3))
+    );
     assert_eq!(node["exit_code"], 3);
     let junit = std::fs::read_to_string(junit).unwrap();
-    assert!(junit.contains("<failure") && junit.contains("flaky"), "{junit}");
+    assert!(
+        junit.contains("<failure") && junit.contains("flaky"),
+        "{junit}"
+    );
 }
 
 #[test]
@@ -327,7 +444,18 @@ fn a_service_is_reached_from_another_runner() {
     let svc_out = dir.path().join("web-out");
     let (k, v) = tag("service");
     let mut service = Command::new(VOIDBOX)
-        .args(args(&["apply", &spec, "--node", "web", "--outputs", svc_out.to_str().unwrap(), "--service-listen", "127.0.0.1", "--boot-timeout", BOOT_TIMEOUT]))
+        .args(args(&[
+            "apply",
+            &spec,
+            "--node",
+            "web",
+            "--outputs",
+            svc_out.to_str().unwrap(),
+            "--service-listen",
+            "127.0.0.1",
+            "--boot-timeout",
+            BOOT_TIMEOUT,
+        ]))
         .env("NO_COLOR", "1")
         .env(&k, &v)
         .stdout(Stdio::null())
@@ -341,23 +469,46 @@ fn a_service_is_reached_from_another_runner() {
             std::io::Read::read_to_string(service.stderr.as_mut().unwrap(), &mut err).unwrap();
             panic!("the service runner exited ({status}) before it was ready:\n{err}");
         }
-        assert!(t0.elapsed() < Duration::from_secs(400), "the service never became ready");
+        assert!(
+            t0.elapsed() < Duration::from_secs(400),
+            "the service never became ready"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = dir.path().join("check-out");
     let (code, stdout, err) = voidbox(
         dir.path(),
-        &args(&["apply", &spec, "--node", "check", "--outputs", out.to_str().unwrap(), "--service", "web=127.0.0.1", "--boot-timeout", BOOT_TIMEOUT]),
+        &args(&[
+            "apply",
+            &spec,
+            "--node",
+            "check",
+            "--outputs",
+            out.to_str().unwrap(),
+            "--service",
+            "web=127.0.0.1",
+            "--boot-timeout",
+            BOOT_TIMEOUT,
+        ]),
         &[],
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(stdout, b"hello-across\n");
     // The engine stops a daemon when its dependents are done.
     // SAFETY-free: plain kill(2) of our own child.
-    let _ = Command::new("kill").args(["-TERM", &service.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &service.id().to_string()])
+        .status();
     let status = service.wait().unwrap();
     assert_eq!(status.code(), Some(143));
     assert_no_leftovers(&format!("{k}={v}"));
-    let report: Value = serde_json::from_slice(&std::fs::read(svc_out.join("report.json")).unwrap()).unwrap();
-    assert!(report["nodes"][0]["service"]["connections"].as_u64().unwrap_or(0) >= 1, "{report}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(svc_out.join("report.json")).unwrap()).unwrap();
+    assert!(
+        report["nodes"][0]["service"]["connections"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{report}"
+    );
 }

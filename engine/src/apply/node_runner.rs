@@ -149,7 +149,13 @@ pub fn prepare(
         if !dir.is_dir() {
             return Err(format!("--inputs {}: not a directory", dir.display()));
         }
-        for s in plan.graph.neighbors_directed(idx, Direction::Incoming) {
+        // In declaration order, so the first missing one is named first.
+        let mut upstream: Vec<NodeIndex> = plan
+            .graph
+            .neighbors_directed(idx, Direction::Incoming)
+            .collect();
+        upstream.sort();
+        for s in upstream {
             if !plan.is_sidecar(s) {
                 let up = &plan.graph[s].name;
                 outputs[s.index()] = Some(read_output(
