@@ -289,7 +289,7 @@ fn replayed_argo_and_github_exports_give_applys_output() {
     let want = whole_apply(&spec);
     assert_eq!(
         want,
-        b"[9,\"THE QUICK BROWN FOX\\nJUMPS OVER THE LAZY DOG\",2]\n"
+        b"[9,\"THE QUICK BROWN FOX\\nJUMPS OVER THE LAZY DOG\",2]"
     );
     let dir = tempfile::tempdir().unwrap();
     let (code, argo, err) = voidbox(

@@ -21,9 +21,10 @@ use crate::apply::node_runner;
 use crate::plan::{Action, Plan, PlanNode};
 use crate::spec::model::{Provider, SkillEntry};
 
-/// Memory of the voidbox process itself (engine, NAT, gateway) beside its VM, in MiB: the
-/// node runner's peak RSS measured on a node with an agent and a network device, rounded up.
-pub const RUNNER_OVERHEAD_MB: u64 = 96;
+/// Memory of the voidbox process itself (engine, NAT, credential gateway) beside its VM, in
+/// MiB: a command node's runner peaks at 17 MiB (`cargo bench --bench node_runner`); the rest
+/// is headroom for an agent's gateway and the NAT's buffers.
+pub const RUNNER_OVERHEAD_MB: u64 = 64;
 
 /// `voidbox export` arguments.
 #[derive(Debug, clap::Args)]
