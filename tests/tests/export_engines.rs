@@ -316,3 +316,39 @@ fn node_runner_usage_errors_stop_before_any_vm() {
         r.stderr
     );
 }
+
+/// The exports of `examples/fan-out.yaml` in `docs/scale-out/` (the README shows them) are
+/// what `voidbox export` writes today.
+#[test]
+fn the_documented_exports_are_current() {
+    let spec = repo_root().join("examples/fan-out.yaml");
+    for (file, args) in [
+        (
+            "docs/scale-out/fan-out.argo.yaml",
+            &[
+                "--format",
+                "argo",
+                "--image",
+                "ghcr.io/your-org/voidbox:0.1.0",
+            ][..],
+        ),
+        (
+            "docs/scale-out/fan-out.github.yml",
+            &[
+                "--format",
+                "github-actions",
+                "--voidbox-repo",
+                "your-org/voidbox",
+            ][..],
+        ),
+    ] {
+        let r = export(&spec, args);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        let doc = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        assert!(
+            r.stdout == doc,
+            "{file} is stale: regenerate it with `voidbox export examples/fan-out.yaml {}`",
+            args.join(" ")
+        );
+    }
+}
