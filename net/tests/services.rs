@@ -18,8 +18,8 @@ use smoltcp::socket::tcp::{self, State};
 use smoltcp::wire::TcpControl;
 use voidbox_net::testing::query_message;
 use voidbox_net::{
-    reasons, service_addr, Nat, NatConfig, NatError, NetworkPolicy, Protocol, PublishUnix,
-    ServicePort, ServiceRoute, DEFAULT_GUEST_MAC, DNS_IP, GATEWAY_IP, GUEST_IP,
+    reasons, service_addr, Nat, NatConfig, NatError, NetworkPolicy, PortTarget, Protocol,
+    PublishUnix, ServicePort, ServiceRoute, DEFAULT_GUEST_MAC, DNS_IP, GATEWAY_IP, GUEST_IP,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -253,6 +253,32 @@ fn a_port_the_service_does_not_list_is_reset_and_denied() {
     );
 }
 
+/// A node runner's service on another machine (`apply --service NAME=IP`): the port is
+/// connected to its TCP address, whatever the egress policy (none here); once nobody listens
+/// there, the guest's SYN is reset.
+#[test]
+fn a_service_on_another_machine_is_reached_over_tcp() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let route = ServiceRoute {
+        name: "web".into(),
+        addr: service_addr(0).unwrap(),
+        ports: vec![ServicePort {
+            port: PORT,
+            to: PortTarget::Tcp(listener.local_addr().unwrap()),
+        }],
+    };
+    let mut nat = Nat::new(config(Vec::new(), vec![route.clone()])).unwrap();
+    let addr = service_addr(0).unwrap();
+    assert_eq!(syn_answer(&mut nat, addr, 7200, PORT), TcpControl::Syn);
+    let (_conn, from) = listener.accept().unwrap();
+    assert!(from.ip().is_loopback());
+    assert_eq!(nat.stats().service_connects, 1);
+    assert!(nat.denials().is_empty(), "{:?}", nat.denials());
+    drop(listener);
+    let mut nat = Nat::new(config(Vec::new(), vec![route])).unwrap();
+    assert_eq!(syn_answer(&mut nat, addr, 7201, PORT), TcpControl::Rst);
+}
+
 #[test]
 fn a_service_socket_nobody_listens_on_is_reset() {
     let dir = tempfile::tempdir().unwrap();
@@ -352,7 +378,8 @@ fn invalid_service_configs_are_refused() {
             vec![route("web", a1, 80)]
                 .into_iter()
                 .map(|mut r| {
-                    r.ports[0].path = PathBuf::from(format!("/{}", "d".repeat(200)));
+                    r.ports[0].to =
+                        PortTarget::Unix(PathBuf::from(format!("/{}", "d".repeat(200))));
                     r
                 })
                 .collect(),

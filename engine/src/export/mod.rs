@@ -185,6 +185,9 @@ fn not_portable(plan: &Plan, idx: NodeIndex, format: Format) -> Option<String> {
     if format == Format::Argo && node.name.contains("{{") {
         return Some("its name holds `{{`, which Argo would read as a template expression".into());
     }
+    if matches!(node.action, Action::Shell) {
+        return Some("an interactive sandbox (no `run`) has nothing for an engine to run".into());
+    }
     let here = "names a path on this machine, which an engine's machine does not have";
     if let Some(m) = node.sandbox.mounts.first() {
         return Some(format!("`sandbox.mounts` ({}) {here}", m.host));
