@@ -526,10 +526,15 @@ mod tests {
         let c: NatConfig = serde_json::from_str(
             r#"{"publish_unix":[{"path":"/r/0-80.sock","guest_port":80}],
                 "services":[{"name":"web","addr":"10.0.3.1",
-                             "ports":[{"port":80,"path":"/r/0-80.sock"}]}]}"#,
+                             "ports":[{"port":80,"to":{"unix":"/r/0-80.sock"}},
+                                      {"port":81,"to":{"tcp":"10.1.2.3:81"}}]}]}"#,
         )
         .unwrap();
         assert_eq!(c.publish_unix[0].guest_port, 80);
+        assert_eq!(
+            c.services[0].ports[1].to,
+            PortTarget::Tcp("10.1.2.3:81".parse().unwrap())
+        );
         assert_eq!(c.services[0].addr, Ipv4Addr::new(10, 0, 3, 1));
         assert!(c.validate().is_ok());
         assert!(
