@@ -5,8 +5,10 @@
 //!   the way Argo's artifacts move them; then the same for the GitHub Actions export's jobs
 //!   (their download, run and upload steps). Both final outputs are byte-identical to
 //!   `voidbox apply`'s.
-//! - A fan-in of three hand-written inputs is merged in declaration order inside the VM.
-//! - A failing node is retried by its runner and reported (attempts, JUnit, no output).
+//! - A fan-in of three hand-written inputs is merged in declaration order inside the VM, and
+//!   the node's box output is collected into `--outputs`.
+//! - A failing node is retried by its runner and reported (attempts, JUnit, no output); its
+//!   box input comes from the previous runner's results.
 //! - A service across machines: one runner serves a `mode: service` node on a TCP address
 //!   (`--service-listen`), another runner's node reaches it by name (`--service NAME=IP`).
 //!
@@ -346,7 +348,7 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     let dir = tempfile::tempdir().unwrap();
     let spec = write_spec(
         dir.path(),
-        "api_version: v1\nkind: pipeline\nname: fan-in\nsandbox: {memory_mb: 128}\npipeline:\n  boxes:\n    - {name: c, run: {program: echo}}\n    - {name: a, run: {program: echo}}\n    - {name: b, run: {program: echo}}\n    - {name: join, run: {program: cat}}\n    - {name: flaky, retries: 2, run: {program: sh, args: [-c, \"echo attempt-$VOIDBOX_ATTEMPT >&2; exit 3\"]}}\n  stages:\n    - {type: fan_out, boxes: [c, a, b]}\n    - {type: box, name: join}\n    - {type: box, name: flaky}\n",
+        "api_version: v1\nkind: pipeline\nname: fan-in\nsandbox: {memory_mb: 128}\npipeline:\n  boxes:\n    - {name: c, run: {program: echo}}\n    - {name: a, run: {program: echo}}\n    - {name: b, run: {program: echo}}\n    - {name: join, run: {program: sh, args: [-c, \"cat; mkdir -p /workspace/output && printf art > /workspace/output/x.txt\"]}, outputs: [{name: rep}]}\n    - {name: flaky, retries: 2, inputs: [{from: rep, guest: /workspace/in}], run: {program: sh, args: [-c, \"cat /workspace/in/x.txt >&2; echo attempt-$VOIDBOX_ATTEMPT >&2; exit 3\"]}}\n  stages:\n    - {type: fan_out, boxes: [c, a, b]}\n    - {type: box, name: join}\n    - {type: box, name: flaky}\n",
     );
     let ins = dir.path().join("in");
     for (n, out) in [("b", "\"B\"\n"), ("a", "2\n"), ("c", "text\n")] {
@@ -381,9 +383,9 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     assert_eq!(report["status"], "succeeded");
     assert_eq!(report["nodes"].as_array().unwrap().len(), 1);
     assert_eq!(report["nodes"][0]["name"], "join");
-
-    std::fs::create_dir_all(ins.join("join")).unwrap();
-    std::fs::write(ins.join("join/output"), "[]").unwrap();
+    // Its box output is collected into --outputs, and the next runner reads it from there.
+    assert_eq!(std::fs::read(out.join("artifacts/rep/x.txt")).unwrap(), b"art");
+    copy_dir(&out, &ins.join("join"));
     let out = dir.path().join("flaky-out");
     let junit = dir.path().join("flaky.xml");
     let (code, stdout, err) = voidbox(
@@ -407,6 +409,7 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(err.contains("attempt-3"), "{err}");
+    assert!(err.contains("artattempt-3"), "the box input reached the VM: {err}");
     assert!(
         !out.join("output").exists(),
         "a failed node leaves no output"
