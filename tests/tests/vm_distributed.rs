@@ -384,7 +384,10 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     assert_eq!(report["nodes"].as_array().unwrap().len(), 1);
     assert_eq!(report["nodes"][0]["name"], "join");
     // Its box output is collected into --outputs, and the next runner reads it from there.
-    assert_eq!(std::fs::read(out.join("artifacts/rep/x.txt")).unwrap(), b"art");
+    assert_eq!(
+        std::fs::read(out.join("artifacts/rep/x.txt")).unwrap(),
+        b"art"
+    );
     copy_dir(&out, &ins.join("join"));
     let out = dir.path().join("flaky-out");
     let junit = dir.path().join("flaky.xml");
@@ -409,7 +412,10 @@ fn a_fan_in_is_merged_in_order_and_a_failing_node_is_retried() {
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(err.contains("attempt-3"), "{err}");
-    assert!(err.contains("artattempt-3"), "the box input reached the VM: {err}");
+    assert!(
+        err.contains("artattempt-3"),
+        "the box input reached the VM: {err}"
+    );
     assert!(
         !out.join("output").exists(),
         "a failed node leaves no output"

@@ -59,15 +59,7 @@ fn sequence(out: &mut String, a: &[Value], indent: usize) {
                 out.push('\n');
                 sequence(out, inner, indent + 2);
             }
-            Value::String(s) if block_literal(s).is_some() => {
-                out.push(' ');
-                literal(out, s, indent + 2);
-            }
-            other => {
-                out.push(' ');
-                out.push_str(&inline(other));
-                out.push('\n');
-            }
+            other => scalar_tail(out, other, indent + 2),
         }
     }
 }
@@ -83,12 +75,17 @@ fn value_after_key(out: &mut String, v: &Value, indent: usize) {
             out.push('\n');
             sequence(out, a, indent);
         }
-        Value::String(s) if block_literal(s).is_some() => {
-            out.push(' ');
-            literal(out, s, indent + 2);
-        }
+        other => scalar_tail(out, other, indent + 2),
+    }
+}
+
+/// ` value` after `key:` or `-`: a literal block whose lines sit at `block_indent`, or one
+/// line.
+fn scalar_tail(out: &mut String, v: &Value, block_indent: usize) {
+    out.push(' ');
+    match v {
+        Value::String(s) if block_literal(s).is_some() => literal(out, s, block_indent),
         other => {
-            out.push(' ');
             out.push_str(&inline(other));
             out.push('\n');
         }

@@ -420,21 +420,7 @@ fn a_traceparent_makes_the_run_a_child_and_a_bad_one_is_ignored() {
         ),
         ("00-zz-00f067aa0ba902b7-01", false),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("t.json");
-        let settings = resolve(None, &env(&[("TRACEPARENT", tp)]), Some(file.clone())).unwrap();
-        let plan = plan();
-        let obs = Observer::start(settings, &plan, Arc::new(Silent))
-            .unwrap()
-            .unwrap();
-        obs.end_early(3);
-        obs.shutdown();
-        let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-        let spans = spans_of(&doc);
-        let root = spans
-            .iter()
-            .find(|s| s["name"] == "voidbox apply p")
-            .unwrap();
+        let root = early_run_span(&[("TRACEPARENT", tp)], 3);
         assert_eq!(root["status"]["code"], 2);
         if child {
             assert_eq!(root["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
@@ -443,6 +429,25 @@ fn a_traceparent_makes_the_run_a_child_and_a_bad_one_is_ignored() {
             assert!(root["parentSpanId"].as_str().unwrap_or("").is_empty());
         }
     }
+}
+
+/// The run span of a run that ended early with exit `code`, under the variables `vars`,
+/// read back from its trace file.
+fn early_run_span(vars: &[(&str, &str)], code: u8) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.json");
+    let settings = resolve(None, &env(vars), Some(file.clone())).unwrap();
+    let obs = Observer::start(settings, &plan(), Arc::new(Silent))
+        .unwrap()
+        .unwrap();
+    obs.end_early(code);
+    obs.shutdown();
+    let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    spans_of(&doc)
+        .into_iter()
+        .find(|s| s["name"] == "voidbox apply p")
+        .unwrap()
+        .clone()
 }
 
 /// Runners of one distributed run share `VOIDBOX_RUN_ID`: their traces are one, under one
@@ -464,25 +469,7 @@ fn a_run_id_gives_every_runner_of_the_run_one_trace() {
     let both = tp(&[("VOIDBOX_RUN_ID", "3f2c-uid"), ("TRACEPARENT", given)]);
     assert_eq!(both.unwrap().0, given);
     // The derived parent is valid W3C: a run's spans hang under it.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("t.json");
-    let settings = resolve(
-        None,
-        &env(&[("VOIDBOX_RUN_ID", "3f2c-uid")]),
-        Some(file.clone()),
-    )
-    .unwrap();
-    let obs = Observer::start(settings, &plan(), Arc::new(Silent))
-        .unwrap()
-        .unwrap();
-    obs.end_early(0);
-    obs.shutdown();
-    let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    let spans = spans_of(&doc);
-    let root = spans
-        .iter()
-        .find(|s| s["name"] == "voidbox apply p")
-        .unwrap();
+    let root = early_run_span(&[("VOIDBOX_RUN_ID", "3f2c-uid")], 0);
     assert_eq!(root["traceId"], parts[1]);
     assert_eq!(root["parentSpanId"], parts[2]);
 }
