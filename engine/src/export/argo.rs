@@ -78,7 +78,7 @@ pub fn export(plan: &Plan, spec_text: &str, args: &ExportArgs) -> Result<String,
             "--format argo needs --image REF: the container image holding voidbox and its guest images".into(),
         ]);
     };
-    let ex = Export::new(plan, spec_text, Format::Argo, &[DAG])?;
+    let ex = Export::new(plan, Format::Argo, &[DAG])?;
     let cm = config_map_name(plan, spec_text);
     let config_map = json!({
         "apiVersion": "v1",

@@ -42,7 +42,8 @@ fn literal(s: &str) -> String {
 }
 
 /// The GitHub Actions workflow for `plan`.
-pub fn export(plan: &Plan, spec_text: &str, args: &ExportArgs) -> Result<String, Vec<String>> {
+/// (The spec itself is in the repository: each job checks it out.)
+pub fn export(plan: &Plan, args: &ExportArgs) -> Result<String, Vec<String>> {
     let Some(repo) = args.voidbox_repo.as_deref() else {
         return Err(vec![
             "--format github-actions needs --voidbox-repo OWNER/NAME: the repository whose releases carry voidbox".into(),
@@ -65,7 +66,7 @@ pub fn export(plan: &Plan, spec_text: &str, args: &ExportArgs) -> Result<String,
         Some(p) => p.clone(),
         None => repo_relative(&args.file)?,
     };
-    let ex = Export::new(plan, spec_text, Format::GithubActions, &[])?;
+    let ex = Export::new(plan, Format::GithubActions, &[])?;
     let install = Install {
         repo,
         version: &version,

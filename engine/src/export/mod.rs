@@ -115,8 +115,6 @@ pub struct Task {
 pub struct Export<'a> {
     /// The plan.
     pub plan: &'a Plan,
-    /// The spec's text, carried whole.
-    pub spec_text: &'a str,
     /// One task per node, in declaration order.
     pub tasks: Vec<Task>,
     /// The engine name of the step that builds a merged final output (`apply
@@ -240,7 +238,6 @@ impl<'a> Export<'a> {
     /// `format`. `reserved` are names the format uses itself.
     pub fn new(
         plan: &'a Plan,
-        spec_text: &'a str,
         format: Format,
         reserved: &[&str],
     ) -> Result<Export<'a>, Vec<String>> {
@@ -299,7 +296,6 @@ impl<'a> Export<'a> {
             .collect();
         Ok(Export {
             plan,
-            spec_text,
             tasks,
             final_task,
         })
@@ -317,11 +313,6 @@ impl<'a> Export<'a> {
             })
             .collect()
     }
-
-    /// Every secret any task needs.
-    pub fn all_secrets(&self) -> BTreeSet<String> {
-        self.tasks.iter().flat_map(|t| t.secrets.clone()).collect()
-    }
 }
 
 /// The directory a node's results are unpacked into under the node runner's `--inputs`.
@@ -334,7 +325,7 @@ pub fn input_dir_name(plan_name: &str) -> String {
 pub fn export_cmd(plan: &Plan, spec_text: &str, args: &ExportArgs) -> ExitCode {
     let doc = match args.format {
         Format::Argo => argo::export(plan, spec_text, args),
-        Format::GithubActions => github::export(plan, spec_text, args),
+        Format::GithubActions => github::export(plan, args),
     };
     let text = match doc {
         Ok(t) => t,

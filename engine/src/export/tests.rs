@@ -175,7 +175,7 @@ fn argo_sidecars_are_daemons_reached_at_their_pod_ip() {
 fn what_cannot_leave_this_machine_is_refused_per_node() {
     let src = "kind: pipeline\nname: w\npipeline:\n  boxes:\n    - {name: web, mode: service, ports: [80], run: {program: httpd}}\n    - {name: m, run: {program: ls}, sandbox: {mounts: [{host: /srv, guest: /srv}]}}\n    - name: ag\n      prompt: hi\n      llm: {provider: claude-personal}\n    - {name: \"x{{y}}\", run: {program: ls}}\n  stages:\n    - {type: box, name: web}\n    - {type: fan_out, boxes: [m, ag, \"x{{y}}\"]}\n";
     let plan = compile_for_test(src);
-    let e = Export::new(&plan, src, Format::GithubActions, &[]).unwrap_err();
+    let e = Export::new(&plan, Format::GithubActions, &[]).unwrap_err();
     assert_eq!(e.len(), 3, "{e:?}");
     assert!(
         e[0].starts_with("node `web`") && e[0].contains("GitHub Actions"),
@@ -186,7 +186,7 @@ fn what_cannot_leave_this_machine_is_refused_per_node() {
         "{e:?}"
     );
     assert!(e[2].contains("claude-personal"), "{e:?}");
-    let e = Export::new(&plan, src, Format::Argo, &[]).unwrap_err();
+    let e = Export::new(&plan, Format::Argo, &[]).unwrap_err();
     assert_eq!(e.len(), 3, "{e:?}");
     assert!(e[2].contains("`{{`"), "{e:?}");
     let e = argo::export(&plan, src, &args(&["--format", "argo"])).unwrap_err();
@@ -205,7 +205,7 @@ fn github_jobs_need_their_upstream_and_never_evaluate_user_text() {
         "--spec-path",
         "ci/w.yaml",
     ]);
-    let text = github::export(&plan, src, &a).unwrap();
+    let text = github::export(&plan, &a).unwrap();
     let wf = &yaml_docs(&text)[0];
     let jobs = wf["jobs"].as_object().unwrap();
     assert_eq!(jobs.keys().collect::<Vec<_>>(), ["a-secrets-X", "b", "ag"]);
@@ -240,11 +240,10 @@ fn github_jobs_need_their_upstream_and_never_evaluate_user_text() {
         .unwrap();
     assert_eq!(dl["with"]["name"], "voidbox-b");
     assert_eq!(dl["with"]["path"], "voidbox-inputs/b");
-    let e = github::export(&plan, src, &args(&["--format", "github-actions"])).unwrap_err();
+    let e = github::export(&plan, &args(&["--format", "github-actions"])).unwrap_err();
     assert!(e[0].contains("--voidbox-repo"), "{e:?}");
     let e = github::export(
         &plan,
-        src,
         &args(&["--format", "github-actions", "--voidbox-repo", "a/b/c"]),
     )
     .unwrap_err();
