@@ -253,7 +253,11 @@ fn node_runner_usage_errors_stop_before_any_vm() {
     );
     let r = run_in(VOIDBOX, cwd, &["apply", spec, "--node", "seed"]);
     assert_eq!(r.code, Some(2), "--node needs --outputs");
-    assert!(r.stderr.contains("--outputs"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--node NAME needs --outputs DIR"),
+        "{}",
+        r.stderr
+    );
     let r = run_in(VOIDBOX, cwd, &["apply", spec, "--inputs", ins]);
     assert_eq!(r.code, Some(2));
     assert!(
@@ -294,6 +298,28 @@ fn node_runner_usage_errors_stop_before_any_vm() {
     );
     assert_eq!(r.code, Some(2));
     assert!(r.stderr.contains("NAME=ADDR"), "{}", r.stderr);
+    // --dry-run prints the one node's plan, its inputs checked, and needs no --outputs.
+    std::fs::create_dir_all(dir.path().join("in/seed")).unwrap();
+    std::fs::write(dir.path().join("in/seed/output"), "a b\n").unwrap();
+    let r = run_in(
+        VOIDBOX,
+        cwd,
+        &[
+            "apply",
+            spec,
+            "--node",
+            "words",
+            "--inputs",
+            ins,
+            "--dry-run",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("words") && !r.stdout.contains("collect"),
+        "{}",
+        r.stdout
+    );
     // --final-output needs the final node's results.
     let r = run_in(
         VOIDBOX,

@@ -153,8 +153,9 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub no_endpoint_check: bool,
     /// Run only this node, in its own VM (a node runner, for a distributed engine: see
-    /// `voidbox export`); its upstream results come from `--inputs`, its own go to `--outputs`.
-    #[arg(long, value_name = "NAME", requires = "outputs")]
+    /// `voidbox export`); its upstream results come from `--inputs`, its own go to
+    /// `--outputs` (with `--dry-run`: print that node's plan, checking its inputs).
+    #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
     /// With `--node` or `--final-output`: the upstream nodes' results, one directory per node
     /// (`DIR/<node>/output`, `DIR/<node>/artifacts/<name>/`).
@@ -581,6 +582,12 @@ fn apply_cmd(args: &ApplyArgs) -> ExitCode {
     }
     if args.final_output {
         return ExitCode::from(final_output_cmd(&plan, args));
+    }
+    if args.node.is_some() && args.outputs.is_none() && !args.dry_run {
+        eprintln!(
+            "error: --node NAME needs --outputs DIR (a new or empty directory for its results)"
+        );
+        return ExitCode::from(2);
     }
     let input = args.input.as_deref().map(crate::apply::parse_input);
     let input = match input.transpose() {
