@@ -123,13 +123,14 @@ pub struct Export<'a> {
 }
 
 /// Names an engine accepts: `[A-Za-z0-9-]` (other characters become one `-`), starting
-/// with a letter, at most 60 bytes, unique
+/// with a letter, at most 60 bytes, unique regardless of case
 /// (a clash gets `-2`, `-3`, …), none in `reserved`.
 pub fn engine_names<'n>(
     names: impl IntoIterator<Item = &'n str>,
     reserved: &[&str],
 ) -> Vec<String> {
-    let mut taken: BTreeSet<String> = reserved.iter().map(|r| r.to_string()).collect();
+    // Compared case-insensitively: GitHub job ids are not case-sensitive.
+    let mut taken: BTreeSet<String> = reserved.iter().map(|r| r.to_ascii_lowercase()).collect();
     names
         .into_iter()
         .map(|n| {
@@ -148,11 +149,11 @@ pub fn engine_names<'n>(
             let base = base.trim_end_matches('-').to_string();
             let mut name = base.clone();
             let mut k = 2;
-            while taken.contains(&name) {
+            while taken.contains(&name.to_ascii_lowercase()) {
                 name = format!("{base}-{k}");
                 k += 1;
             }
-            taken.insert(name.clone());
+            taken.insert(name.to_ascii_lowercase());
             name
         })
         .collect()

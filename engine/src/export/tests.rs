@@ -33,6 +33,10 @@ fn engine_names_are_safe_unique_and_avoid_reserved_ones() {
         &["voidbox"],
     );
     assert_eq!(names, ["a-1", "a-1-2", "n-9lives", "voidbox-2", "x", "n"]);
+    assert_eq!(
+        engine_names(["Build", "build", "VOIDBOX"], &["voidbox"]),
+        ["Build", "build-2", "VOIDBOX-2"]
+    );
     let long = "x".repeat(200);
     assert!(engine_names([long.as_str()], &[])[0].len() <= 60);
 }
