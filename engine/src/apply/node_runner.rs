@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use petgraph::graph::NodeIndex;
-use petgraph::Direction;
 
 use crate::names::file_component;
 use crate::plan::Plan;
@@ -85,15 +84,10 @@ fn read_output(
     Ok(bytes)
 }
 
-/// The nodes whose results `idx` reads: its upstream nodes (declaration order), then the
+/// The nodes whose results `idx` needs: its upstream nodes ([`Plan::upstream`]), then the
 /// producers of its box inputs that are not among them.
 pub fn sources(plan: &Plan, idx: NodeIndex) -> Vec<NodeIndex> {
-    let mut out: Vec<NodeIndex> = plan
-        .graph
-        .neighbors_directed(idx, Direction::Incoming)
-        .collect();
-    out.sort();
-    out.dedup();
+    let mut out = plan.upstream(idx);
     for i in &plan.graph[idx].artifacts.inputs {
         if let Some(p) = producer(plan, &i.from) {
             if !out.contains(&p) {
@@ -102,6 +96,15 @@ pub fn sources(plan: &Plan, idx: NodeIndex) -> Vec<NodeIndex> {
         }
     }
     out
+}
+
+/// The [`sources`] whose results a runner reads from `--inputs`: all but sidecar services,
+/// which run beside it and hand it no output.
+pub fn reads(plan: &Plan, idx: NodeIndex) -> Vec<NodeIndex> {
+    sources(plan, idx)
+        .into_iter()
+        .filter(|s| !plan.is_sidecar(*s))
+        .collect()
 }
 
 /// The node whose box `outputs` include `name`.
@@ -126,46 +129,35 @@ pub fn prepare(
     max_output: u64,
 ) -> Result<NodeJob, String> {
     let node = &plan.graph[idx];
-    // A sidecar upstream runs beside this node and hands it no output.
-    let read: Vec<NodeIndex> = sources(plan, idx)
-        .into_iter()
-        .filter(|s| !plan.is_sidecar(*s))
-        .collect();
-    let mut outputs: Vec<Option<Vec<u8>>> = vec![None; plan.graph.node_count()];
-    for s in plan.graph.neighbors_directed(idx, Direction::Incoming) {
-        if plan.is_sidecar(s) {
-            outputs[s.index()] = Some(Vec::new());
-        }
-    }
-    if !read.is_empty() {
-        let Some(dir) = inputs else {
+    let read = reads(plan, idx);
+    let dir = match inputs {
+        _ if read.is_empty() => None,
+        None => {
             let names: Vec<&str> = read.iter().map(|s| plan.graph[*s].name.as_str()).collect();
             return Err(format!(
                 "--node {}: it takes the results of {}; give them with --inputs DIR (DIR/<node>/output, DIR/<node>/artifacts/)",
                 node.name,
                 names.join(", ")
             ));
-        };
-        if !dir.is_dir() {
+        }
+        Some(dir) if !dir.is_dir() => {
             return Err(format!("--inputs {}: not a directory", dir.display()));
         }
-        // In declaration order, so the first missing one is named first.
-        let mut upstream: Vec<NodeIndex> = plan
-            .graph
-            .neighbors_directed(idx, Direction::Incoming)
-            .collect();
-        upstream.sort();
-        for s in upstream {
-            if !plan.is_sidecar(s) {
-                let up = &plan.graph[s].name;
-                outputs[s.index()] = Some(read_output(
-                    dir,
-                    up,
-                    max_output,
-                    &format!("node `{}`", node.name),
-                )?);
-            }
-        }
+        Some(dir) => Some(dir),
+    };
+    // In declaration order, so the first missing one is named first. `read` holds every
+    // upstream node but the sidecars, which hand no output, so `dir` is set for each read.
+    let mut outputs: Vec<Option<Vec<u8>>> = vec![None; plan.graph.node_count()];
+    for s in plan.upstream(idx) {
+        outputs[s.index()] = Some(match dir {
+            Some(dir) if !plan.is_sidecar(s) => read_output(
+                dir,
+                &plan.graph[s].name,
+                max_output,
+                &format!("node `{}`", node.name),
+            )?,
+            _ => Vec::new(),
+        });
     }
     let input = node_input(plan, idx, run_input, &outputs).ok_or_else(|| {
         format!(

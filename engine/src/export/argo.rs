@@ -313,18 +313,10 @@ fn node_template(ex: &Export, t: &Task, image: &str, args: &ExportArgs) -> Value
     Value::Object(tpl)
 }
 
-/// The sidecars `t` depends on: (their task name, their plan name).
+/// The sidecars with ports `t` reaches: (their task name, their plan name).
 fn services_of<'e>(ex: &'e Export, t: &Task) -> Vec<(&'e str, &'e str)> {
-    ex.plan
-        .graph
-        .neighbors_directed(t.index, petgraph::Direction::Incoming)
-        .filter(|s| {
-            ex.plan.is_sidecar(*s)
-                && ex.plan.graph[*s]
-                    .service
-                    .as_ref()
-                    .is_some_and(|x| !x.ports.is_empty())
-        })
+    crate::network::services::reached_services(ex.plan, t.index)
+        .into_iter()
         .map(|s| {
             (
                 ex.tasks[s.index()].name.as_str(),

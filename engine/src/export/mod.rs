@@ -100,7 +100,8 @@ pub struct Task {
     /// The engine names of the nodes whose results it reads ([`node_runner::sources`]),
     /// each with that node's plan name.
     pub reads: Vec<(String, String)>,
-    /// Its direct upstream nodes' engine names (what it waits for).
+    /// The engine names of the nodes it waits for: its upstream nodes and its box inputs'
+    /// producers ([`node_runner::sources`]).
     pub after: Vec<String>,
     /// Environment variables it needs from the engine's secrets.
     pub secrets: BTreeSet<String>,
@@ -269,18 +270,11 @@ impl<'a> Export<'a> {
             .node_indices()
             .map(|idx| {
                 let node = &plan.graph[idx];
-                let mut after: Vec<NodeIndex> = plan
-                    .graph
-                    .neighbors_directed(idx, petgraph::Direction::Incoming)
-                    .collect();
-                after.sort();
-                after.dedup();
                 Task {
                     index: idx,
                     name: name_of(idx),
-                    reads: node_runner::sources(plan, idx)
+                    reads: node_runner::reads(plan, idx)
                         .into_iter()
-                        .filter(|s| !plan.is_sidecar(*s))
                         .map(|s| (name_of(s), plan.graph[s].name.clone()))
                         .collect(),
                     after: node_runner::sources(plan, idx)

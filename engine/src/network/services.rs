@@ -110,19 +110,7 @@ impl ServiceNet {
         listen: Option<std::net::IpAddr>,
     ) -> Result<(), String> {
         let name = &full.graph[node].name;
-        let mut upstream: Vec<_> = full
-            .graph
-            .neighbors_directed(node, Direction::Incoming)
-            .filter(|&s| {
-                full.is_sidecar(s)
-                    && full.graph[s]
-                        .service
-                        .as_ref()
-                        .is_some_and(|x| !x.ports.is_empty())
-            })
-            .collect();
-        upstream.sort();
-        upstream.dedup();
+        let upstream = reached_services(full, node);
         for (given, _) in addrs {
             if !upstream.iter().any(|&s| &full.graph[s].name == given) {
                 return Err(format!(
@@ -211,6 +199,24 @@ impl ServiceNet {
         nat.publish = self.publish.get(node).cloned().unwrap_or_default();
         nat.services = self.routes(node).to_vec();
     }
+}
+
+/// The sidecars with `ports` that `node` depends on, in declaration order: the services it
+/// reaches over the network.
+pub fn reached_services(
+    plan: &Plan,
+    node: petgraph::graph::NodeIndex,
+) -> Vec<petgraph::graph::NodeIndex> {
+    plan.upstream(node)
+        .into_iter()
+        .filter(|&s| {
+            plan.is_sidecar(s)
+                && plan.graph[s]
+                    .service
+                    .as_ref()
+                    .is_some_and(|x| !x.ports.is_empty())
+        })
+        .collect()
 }
 
 fn socket_path_ok(path: &Path) -> Result<(), String> {

@@ -240,11 +240,18 @@ pub fn runtime_of(
 /// `api_key_env`, else the default of `claude` (`ANTHROPIC_API_KEY`) and `codex`
 /// (`OPENAI_API_KEY`); `None` for a provider that needs no key.
 pub fn key_var(llm: &Llm) -> Option<String> {
-    llm.api_key_env.clone().or_else(|| match llm.provider {
-        Provider::Claude => Some("ANTHROPIC_API_KEY".into()),
-        Provider::Codex => Some("OPENAI_API_KEY".into()),
+    llm.api_key_env
+        .clone()
+        .or_else(|| default_key_var(llm.provider).map(str::to_string))
+}
+
+/// The variable `provider` reads its key from when `api_key_env` names none.
+fn default_key_var(provider: Provider) -> Option<&'static str> {
+    match provider {
+        Provider::Claude => Some("ANTHROPIC_API_KEY"),
+        Provider::Codex => Some("OPENAI_API_KEY"),
         _ => None,
-    })
+    }
 }
 
 /// Resolves `llm` with the overrides read through `env` (the process environment in the CLI:
@@ -303,12 +310,12 @@ pub fn resolve(llm: &Llm, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoi
     let credential = match provider {
         Provider::ClaudePersonal => Some(Credential::ClaudeLogin(claude_login(env)?)),
         Provider::Claude | Provider::Codex => {
-            let (how, default_var): (fn(Secret) -> Credential, &str) =
-                if provider == Provider::Codex {
-                    (Credential::Bearer, "OPENAI_API_KEY")
-                } else {
-                    (Credential::ApiKey, "ANTHROPIC_API_KEY")
-                };
+            let how: fn(Secret) -> Credential = if provider == Provider::Codex {
+                Credential::Bearer
+            } else {
+                Credential::ApiKey
+            };
+            let default_var = default_key_var(provider).unwrap_or_default();
             match named_key(how)? {
                 Some(c) => Some(c),
                 None => match var(default_var) {

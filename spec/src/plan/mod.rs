@@ -335,6 +335,18 @@ impl Plan {
         }
     }
 
+    /// The nodes `idx` takes data from or waits for (its incoming edges' sources), each once,
+    /// in declaration order.
+    pub fn upstream(&self, idx: NodeIndex) -> Vec<NodeIndex> {
+        let mut out: Vec<NodeIndex> = self
+            .graph
+            .neighbors_directed(idx, Direction::Incoming)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<NodeIndex> {
         self.graph
