@@ -236,7 +236,8 @@ fn node_template(ex: &Export, t: &Task, image: &str, args: &ExportArgs) -> Value
     for (svc, name) in services_of(ex, t) {
         cli.extend(["--service".into(), format!("{name}={{{{tasks.{svc}.ip}}}}")]);
     }
-    if t.sidecar {
+    // Only a sidecar with ports is reached (its runner refuses `--service-listen` without).
+    if t.sidecar && node.service.as_ref().is_some_and(|s| !s.ports.is_empty()) {
         cli.extend(["--service-listen".into(), "0.0.0.0".into()]);
     }
     let mut env = vec![json!({"name": "VOIDBOX_RUN_ID", "value": "{{workflow.uid}}"})];

@@ -138,7 +138,7 @@ fn argo_dag_carries_dependencies_artifacts_retries_and_resources() {
 
 #[test]
 fn argo_sidecars_are_daemons_reached_at_their_pod_ip() {
-    let src = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - {name: web, mode: service, ports: [8080], ready_timeout_secs: 9, run: {program: httpd}}\n    - {name: check, depends_on: [web], run: {program: wget}}\n";
+    let src = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - {name: web, mode: service, ports: [8080], ready_timeout_secs: 9, run: {program: httpd}}\n    - {name: check, depends_on: [web, quiet], run: {program: wget}}\n    - {name: quiet, mode: service, run: {program: sleep}}\n";
     let plan = compile_for_test(src);
     let wf = &yaml_docs(
         &argo::export(&plan, src, &args(&["--format", "argo", "--image", "r/v:1"])).unwrap(),
@@ -173,6 +173,19 @@ fn argo_sidecars_are_daemons_reached_at_their_pod_ip() {
         "{check:?}"
     );
     assert!(!check.contains(&"--inputs"), "a sidecar hands no results");
+    assert!(!check.iter().any(|a| a.starts_with("quiet=")), "{check:?}");
+    // A sidecar without ports is a daemon its dependents wait for, reached by nobody.
+    let quiet = &tpls[3];
+    assert_eq!(
+        (quiet["name"].as_str(), &quiet["daemon"]),
+        (Some("quiet"), &Value::Bool(true))
+    );
+    let args = quiet["container"]["args"].as_array().unwrap();
+    assert!(!args.iter().any(|a| a == "--service-listen"), "{args:?}");
+    assert_eq!(
+        wf["spec"]["templates"][0]["dag"]["tasks"][1]["depends"],
+        "web && quiet"
+    );
 }
 
 #[test]
