@@ -49,6 +49,7 @@ pub mod message;
 pub mod mux;
 pub mod policy;
 pub mod redact;
+pub mod restore_page;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;
 

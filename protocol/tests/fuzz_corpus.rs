@@ -70,3 +70,36 @@ fn replay_decode_corpus() {
         "every type has a valid seed"
     );
 }
+
+#[path = "../fuzz/fuzz_targets/restore_page_harness.rs"]
+mod restore_page_harness;
+
+/// Replays the `restore_page` fuzz corpus: no panic, and `armed-`, `filled-` and `refused-`
+/// seeds are read as their names say.
+#[test]
+fn replay_restore_page_corpus() {
+    use voidbox_protocol::restore_page::Reading;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/restore_page");
+    let mut seen = [0usize; 3];
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let data = std::fs::read(&path).expect("read corpus file");
+        let r = restore_page_harness::check(&data);
+        if name.starts_with("armed-") {
+            assert!(matches!(r, Ok(Reading::Armed)), "{name}: {r:?}");
+            seen[0] += 1;
+        } else if name.starts_with("filled-") {
+            assert!(matches!(r, Ok(Reading::Filled(_))), "{name}: {r:?}");
+            seen[1] += 1;
+        } else if name.starts_with("refused-") {
+            assert!(r.is_err(), "{name}: accepted");
+            seen[2] += 1;
+        }
+    }
+    assert!(seen.iter().all(|n| *n >= 2), "corpus too small: {seen:?}");
+}
