@@ -131,6 +131,11 @@ pub struct VmConfig {
     /// are then not read).
     #[serde(default)]
     pub restore: Option<PathBuf>,
+    /// What a restored guest gets on its restore page before it resumes: a new session
+    /// secret, host entropy and its policy (see [`crate::restore_page`]). Required to restore
+    /// a snapshot that reserves a restore page; only valid with `restore`.
+    #[serde(default)]
+    pub restore_grant: Option<voidbox_protocol::restore_page::RestoreGrant>,
     /// virtio-blk disks, in guest order (`/dev/vda` first). On restore they must match the
     /// snapshot's disks in number, size and mode.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -194,6 +199,9 @@ pub enum ConfigError {
     /// directory (the message names the path).
     #[error("{0}")]
     Share(String),
+    /// A restore grant without `restore`, or one that does not fit the restore page.
+    #[error("restore_grant: {0}")]
+    RestoreGrant(String),
 }
 
 impl VmConfig {
@@ -245,6 +253,19 @@ impl VmConfig {
             .is_some_and(|p| p.as_os_str().is_empty())
         {
             return Err(ConfigError::EmptyPath("restore"));
+        }
+        if let Some(g) = &self.restore_grant {
+            if self.restore.is_none() {
+                return Err(ConfigError::RestoreGrant(
+                    "only a restore takes a restore grant".into(),
+                ));
+            }
+            voidbox_protocol::restore_page::RestoreGrant::new(
+                g.secret.clone(),
+                g.entropy.clone(),
+                g.policy.clone(),
+            )
+            .map_err(|e| ConfigError::RestoreGrant(e.to_string()))?;
         }
         if self.disks.len() > MAX_DISKS {
             return Err(ConfigError::TooManyDisks(self.disks.len()));
@@ -370,6 +391,36 @@ mod tests {
             VmConfig::from_json("not json"),
             Err(ConfigError::Json(_))
         ));
+    }
+
+    #[test]
+    fn restore_grant_only_with_a_restore() {
+        let secret = "ab".repeat(32);
+        let entropy = "cd".repeat(64);
+        let grant = format!(r#""restore_grant":{{"secret":"{secret}","entropy":"{entropy}"}}"#);
+        let j = format!(r#"{{"kernel":"/k","console_log":"/c","restore":"/s",{grant}}}"#);
+        let c = VmConfig::from_json(&j).unwrap();
+        let g = c.restore_grant.as_ref().unwrap();
+        assert_eq!(g.entropy.len(), 64);
+        // Its Debug (what a log could show) has neither the secret nor the entropy.
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains(&secret) && !dbg.contains(&entropy), "{dbg}");
+        let j = format!(r#"{{"kernel":"/k","console_log":"/c",{grant}}}"#);
+        assert!(matches!(
+            VmConfig::from_json(&j),
+            Err(ConfigError::RestoreGrant(m)) if m.contains("only a restore")
+        ));
+        // Too little entropy, and a secret that is not 64 hex digits.
+        for bad in [
+            format!(r#""restore_grant":{{"secret":"{secret}","entropy":"cd"}}"#),
+            format!(r#""restore_grant":{{"secret":"ab","entropy":"{entropy}"}}"#),
+        ] {
+            let j = format!(r#"{{"kernel":"/k","console_log":"/c","restore":"/s",{bad}}}"#);
+            assert!(
+                matches!(VmConfig::from_json(&j), Err(ConfigError::Json(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

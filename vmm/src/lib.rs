@@ -38,6 +38,7 @@ pub mod logger;
 pub mod memory;
 pub mod persist;
 pub mod probe;
+pub mod restore_page;
 pub mod seccomp;
 pub mod status;
 pub mod vcpu;

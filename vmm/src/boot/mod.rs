@@ -32,12 +32,21 @@ pub const PDPTE_START: u64 = 0xa000;
 pub const PDE_START: u64 = 0xb000;
 /// Kernel command line.
 pub const CMDLINE_START: u64 = 0x20000;
+/// The restore page ([`crate::restore_page`]): reserved in e820 up to the EBDA, so the
+/// guest kernel never uses it as RAM.
+pub const RESTORE_PAGE_START: u64 = voidbox_protocol::restore_page::GPA;
 /// Start of the EBDA / last KiB of base memory, reserved in e820.
 pub const EBDA_START: u64 = 0x9fc00;
 /// Where the MP table goes.
 pub const MPTABLE_START: u64 = EBDA_START;
 /// Start of high memory (1 MiB).
 pub const HIMEM_START: u64 = 0x10_0000;
+// The restore page sits between the boot page tables and the EBDA's page.
+const _: () = assert!(
+    RESTORE_PAGE_START + voidbox_protocol::restore_page::LEN as u64 <= (EBDA_START & !0xfff)
+        && RESTORE_PAGE_START >= PDE_START + 0x1000
+        && RESTORE_PAGE_START % 0x1000 == 0
+);
 /// Offset of the 64-bit entry point in a loaded bzImage's protected-mode kernel.
 pub const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
 
@@ -263,6 +272,13 @@ mod tests {
         let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap();
         assert_eq!(p.e820_entries, 3);
         assert_eq!({ p.hdr.cmdline_size }, 10);
+        // RAM stops at the restore page; it, the EBDA and the legacy hole are reserved.
+        let (ram, reserved) = (p.e820_table[0], p.e820_table[1]);
+        assert_eq!(({ ram.addr }, { ram.size }, { ram.r#type }), (0, RESTORE_PAGE_START, 1));
+        assert_eq!(
+            ({ reserved.addr }, { reserved.size }, { reserved.r#type }),
+            (RESTORE_PAGE_START, HIMEM_START - RESTORE_PAGE_START, 2)
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 
-use super::{BootError, CMDLINE_START, EBDA_START, HIMEM_START};
+use super::{BootError, CMDLINE_START, HIMEM_START, RESTORE_PAGE_START};
 use crate::memory::ram_regions;
 
 /// e820 type for usable RAM.
@@ -49,11 +49,13 @@ pub fn build_boot_params(input: &BootParamsInput) -> Result<boot_params, BootErr
         params.hdr.ramdisk_size = u32::try_from(size).map_err(|_| BootError::Initramfs)?;
     }
     let regions = ram_regions(input.mem_size).map_err(|_| BootError::MemoryTooSmall)?;
-    add_e820(&mut params, 0, EBDA_START, E820_RAM)?;
+    // Base memory up to the restore page is RAM; the restore page, the EBDA (MP table) and
+    // the legacy hole up to 1 MiB are reserved.
+    add_e820(&mut params, 0, RESTORE_PAGE_START, E820_RAM)?;
     add_e820(
         &mut params,
-        EBDA_START,
-        HIMEM_START - EBDA_START,
+        RESTORE_PAGE_START,
+        HIMEM_START - RESTORE_PAGE_START,
         E820_RESERVED,
     )?;
     for r in regions {
@@ -92,9 +94,9 @@ mod tests {
         assert_eq!(p.e820_entries, 3);
         let e = p.e820_table;
         let (a0, s0, t0) = (e[0].addr, e[0].size, e[0].r#type);
-        assert_eq!((a0, s0, t0), (0, EBDA_START, E820_RAM));
+        assert_eq!((a0, s0, t0), (0, RESTORE_PAGE_START, E820_RAM));
         let (a1, t1) = (e[1].addr, e[1].r#type);
-        assert_eq!((a1, t1), (EBDA_START, E820_RESERVED));
+        assert_eq!((a1, t1), (RESTORE_PAGE_START, E820_RESERVED));
         let (a2, s2, t2) = (e[2].addr, e[2].size, e[2].r#type);
         assert_eq!(
             (a2, s2, t2),
@@ -130,7 +132,7 @@ mod tests {
             }
         }
         assert!(prev_end <= mem);
-        assert_eq!(ram, mem - (HIMEM_START - EBDA_START));
+        assert_eq!(ram, mem - (HIMEM_START - RESTORE_PAGE_START));
     }
 
     fn e820(mem_size: u64) -> Vec<(u64, u64, u32)> {
@@ -150,8 +152,8 @@ mod tests {
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
         let base = [
-            (0, EBDA_START, E820_RAM),
-            (EBDA_START, HIMEM_START - EBDA_START, E820_RESERVED),
+            (0, RESTORE_PAGE_START, E820_RAM),
+            (RESTORE_PAGE_START, HIMEM_START - RESTORE_PAGE_START, E820_RESERVED),
         ];
         let with = |rest: &[(u64, u64, u32)]| [&base[..], rest].concat();
         assert_eq!(
@@ -170,7 +172,7 @@ mod tests {
         for size in [128 * MIB, 3 * GIB, 4 * GIB, 16 * GIB] {
             let e = e820(size);
             let ram: u64 = e.iter().filter(|x| x.2 == E820_RAM).map(|x| x.1).sum();
-            assert_eq!(ram, size - (HIMEM_START - EBDA_START));
+            assert_eq!(ram, size - (HIMEM_START - RESTORE_PAGE_START));
             for (a, s, _) in e {
                 assert!(a + s <= 3 * GIB || a >= 4 * GIB, "{a:#x}+{s:#x} in the gap");
             }

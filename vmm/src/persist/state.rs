@@ -105,6 +105,9 @@ pub struct SnapshotState {
     pub vcpus: Vec<VcpuState>,
     /// Devices.
     pub devices: DevicesState,
+    /// The guest had armed its restore page ([`crate::restore_page`]) when the snapshot was
+    /// taken: a restore must fill it with a new secret (a restore grant).
+    pub restore_page: bool,
 }
 
 impl SnapshotState {

@@ -134,6 +134,7 @@ pub(super) fn restore(
     let vcpus = create_vcpus(&vm_fd, cfg.vcpus)?;
     restore_cpu_state(&vm_fd, &vcpus, &snap.state)?;
     let devices = devices.finish()?;
+    fill_restore_page(cfg, snap.state.restore_page, &mem)?;
     Ok(Vm {
         cmdline: String::new(),
         setup_time: t0.elapsed(),
@@ -151,6 +152,26 @@ pub(super) fn restore(
         key: snapshot_key(cfg),
         caps: Arc::new(caps),
     })
+}
+
+/// Hands the guest its restore grant (last, so its clock is as fresh as it can be here).
+/// A snapshot with a restore page is only restored with a grant, so the guest never resumes
+/// on the snapshot's secret; a grant for a snapshot without one is refused, as it would be
+/// silently ignored.
+fn fill_restore_page(cfg: &VmConfig, has_page: bool, mem: &GuestMem) -> Result<(), VmError> {
+    match (&cfg.restore_grant, has_page) {
+        (Some(grant), true) => crate::restore_page::fill(mem, grant)
+            .map_err(|e| refused(format!("restore page: {e}"))),
+        (Some(_), false) => Err(refused(
+            "this snapshot has no restore page (its guest had not armed one), so the restored \
+             guest cannot get a new secret: re-create the snapshot with this voidbox",
+        )),
+        (None, true) => Err(refused(
+            "this snapshot's guest waits for a new secret on its restore page: the restore \
+             needs a restore_grant",
+        )),
+        (None, false) => Ok(()),
+    }
 }
 
 /// Restores the network device from its saved `state`, with a new NAT from this config.

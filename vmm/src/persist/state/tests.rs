@@ -75,6 +75,7 @@ fn state(vcpus: u32, vsock: bool) -> SnapshotState {
         vm: vm_sample(),
         vcpus: (0..vcpus).map(vcpu_sample).collect(),
         devices: DevicesState { serial, virtio },
+        restore_page: true,
     }
 }
 
