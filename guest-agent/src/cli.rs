@@ -8,7 +8,7 @@
 //!                     (--secret-hex HEX | --secret-file PATH)
 //!                     [--root DIR] [--boot-params 'voidbox.allow=sh voidbox.rlimit.nofile=64 …']
 //!                     [--cmdline-file PATH] [--no-drop] [--rekey off|secret-only|system]
-//!                     [--debug]
+//!                     [--restore-page FILE] [--debug]
 //! ```
 //!
 //! * `--root DIR` relocates the confinement roots: `/workspace` → `DIR/workspace`, etc.
@@ -20,6 +20,9 @@
 //!   the secret without touching the host's RNG or clock (tests; the Pong says so with the
 //!   `rekey_secret_only` capability), `system` does what PID 1 always does — reseed the
 //!   kernel RNG and set the clock (needs root, and changes the host's clock).
+//! * `--restore-page FILE` maps FILE (at least 16 KiB) as the restore page PID 1 finds through
+//!   `/dev/mem` ([`crate::restore_page`]): armed at start, read before every handshake
+//!   (tests fill it as the VMM does). It needs `--rekey secret-only` or `system`.
 //! * In host mode the agent is a child subreaper (it reaps orphaned grandchildren) and
 //!   dies with its parent (`PR_SET_PDEATHSIG`).
 
@@ -50,6 +53,8 @@ pub struct Flags {
     pub no_drop: bool,
     /// `--rekey` (default off).
     pub rekey: RekeyMode,
+    /// `--restore-page FILE`.
+    pub restore_page: Option<PathBuf>,
     /// `--debug`.
     pub debug: bool,
 }
@@ -57,7 +62,7 @@ pub struct Flags {
 /// Usage text.
 pub const USAGE: &str = "usage: voidbox-guest-agent --listen unix:PATH|vsock:PORT \
 (--secret-hex HEX | --secret-file PATH) [--root DIR] [--boot-params STRING] \
-[--cmdline-file PATH] [--no-drop] [--rekey off|secret-only|system] [--debug]\n(as PID 1 no flags are used; see /proc/cmdline voidbox.* parameters)";
+[--cmdline-file PATH] [--no-drop] [--rekey off|secret-only|system] [--restore-page FILE] [--debug]\n(as PID 1 no flags are used; see /proc/cmdline voidbox.* parameters)";
 
 /// Parses flags (without argv[0]).
 pub fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Flags, String> {
@@ -87,6 +92,7 @@ pub fn parse_flags(args: impl IntoIterator<Item = String>) -> Result<Flags, Stri
             }
             "--no-drop" => f.no_drop = true,
             "--rekey" => f.rekey = RekeyMode::parse(&value()?)?,
+            "--restore-page" => f.restore_page = Some(PathBuf::from(value()?)),
             "--debug" => f.debug = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             "-V" | "--version" => {
@@ -154,6 +160,16 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
     if flags.rekey == RekeyMode::System {
         crate::log!("warning: --rekey system: a Rekey reseeds this host's RNG and sets its clock");
     }
+    let restore_page = match &flags.restore_page {
+        Some(_) if flags.rekey == RekeyMode::Off => {
+            return Err("--restore-page needs --rekey secret-only or system".into())
+        }
+        Some(p) => Some(
+            crate::restore_page::RestorePage::open(p, 0)
+                .map_err(|e| format!("--restore-page {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
     let listen = flags
         .listen
         .unwrap_or(Listen::Vsock(params.port.unwrap_or(DEFAULT_PORT)));
@@ -171,6 +187,7 @@ pub fn host_config(flags: Flags) -> Result<AgentConfig, String> {
         vsock_any_peer: true,
         rekey: flags.rekey,
         net: NetState::Off,
+        restore_page,
     })
 }
 
@@ -234,6 +251,7 @@ pub fn guest_config() -> AgentConfig {
         // Clones of one snapshot must never keep a shared RNG state or a stale clock.
         rekey: RekeyMode::System,
         net,
+        restore_page: guest_restore_page(),
     }
 }
 
@@ -266,5 +284,22 @@ mod tests {
         assert!(parse_flags(["--listen".to_string()]).is_err());
         assert_eq!(parse_listen("vsock:1234"), Ok(Listen::Vsock(1234)));
         assert!(parse_listen("tcp:1").is_err());
+    }
+}
+
+/// PID 1's restore page, mapped from `/dev/mem` and armed. Without it a snapshot of this VM
+/// records no restore page, and restoring it is refused (by the VMM, with the reason).
+fn guest_restore_page() -> Option<crate::restore_page::RestorePage> {
+    let path = std::path::Path::new(crate::restore_page::DEV_MEM);
+    match crate::restore_page::RestorePage::open(path, voidbox_protocol::restore_page::GPA) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            crate::log!(
+                "no restore page ({} at {:#x}: {e}): snapshots of this VM cannot be restored",
+                path.display(),
+                voidbox_protocol::restore_page::GPA
+            );
+            None
+        }
     }
 }

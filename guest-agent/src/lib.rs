@@ -31,6 +31,7 @@ pub mod probe;
 pub mod pty;
 pub mod reaper;
 pub mod rekey;
+pub mod restore_page;
 pub mod rootfs;
 pub mod server;
 pub mod shares;

@@ -32,6 +32,7 @@ use crate::net::NetState;
 use crate::policy::Policy;
 use crate::reaper::ExitSlot;
 use crate::rekey::{self, RekeyMode};
+use crate::restore_page::RestorePage;
 use crate::{auth, pty, telemetry};
 
 /// Where the agent listens.
@@ -71,6 +72,9 @@ pub struct AgentConfig {
     pub rekey: RekeyMode,
     /// What boot made of the network (re-applied by a [`RekeyMode::System`] `Rekey`).
     pub net: NetState,
+    /// The restore page (PID 1: `/dev/mem`; host mode: `--restore-page FILE`), read before
+    /// each connection is authenticated.
+    pub restore_page: Option<RestorePage>,
 }
 
 /// The parts of [`AgentConfig`] that stay fixed while the agent runs.
@@ -95,6 +99,10 @@ pub struct Agent {
     policy: RwLock<Arc<Policy>>,
     roots: Roots,
     connections: AtomicUsize,
+    restore_page: Option<Mutex<RestorePage>>,
+    /// Set when a restore page was refused: this VM then accepts no secret at all (the
+    /// snapshot's is dropped), and every connection is told why.
+    refused: Mutex<Option<String>>,
 }
 
 impl Agent {
@@ -110,6 +118,7 @@ impl Agent {
             vsock_any_peer,
             rekey,
             net,
+            restore_page,
         } = cfg;
         let roots = Roots::open(
             &exec_env.base,
@@ -130,6 +139,8 @@ impl Agent {
             policy: RwLock::new(Arc::new(policy)),
             roots,
             connections: AtomicUsize::new(0),
+            restore_page: restore_page.map(Mutex::new),
+            refused: Mutex::new(None),
         })
     }
 
@@ -168,6 +179,67 @@ impl Agent {
             "re-keyed ({:?}): {} entropy bytes, session secret rotated",
             self.cfg.rekey,
             entropy.len()
+        );
+        Ok(())
+    }
+
+    /// Takes in a restore delivered on the restore page, if the VM was resumed since the last
+    /// look: the RNG reseed and the clock (as a `Rekey` would), the network re-applied, the
+    /// policy narrowed, and only then the new secret. Called before every handshake, so the
+    /// snapshot's secret authenticates nothing after a resume. A refused page, or a delivery
+    /// that cannot be applied, drops the secret altogether: `Err` says why, to every
+    /// connection from then on.
+    fn settle_restore(&self) -> Result<(), String> {
+        let Some(page) = &self.restore_page else {
+            return Ok(());
+        };
+        let _one_at_a_time = lock(&self.rekeying);
+        if let Some(why) = lock(&self.refused).as_ref() {
+            return Err(why.clone());
+        }
+        let result = match lock(page).take() {
+            Ok(None) => return Ok(()),
+            Ok(Some(d)) => self.apply_restore(d),
+            Err(e) => Err(format!("restore page refused: {e}")),
+        };
+        if let Err(why) = &result {
+            let why = format!("{why}; this VM accepts no secret");
+            crate::log!("{why}");
+            // The snapshot's secret goes; nothing can authenticate any more.
+            if let Ok(s) = SessionSecret::random() {
+                *self.secret.write().unwrap_or_else(|e| e.into_inner()) = s;
+            }
+            *lock(&self.refused) = Some(why.clone());
+            return Err(why);
+        }
+        result
+    }
+
+    fn apply_restore(&self, d: voidbox_protocol::restore_page::Delivery) -> Result<(), String> {
+        let voidbox_protocol::restore_page::Delivery {
+            grant,
+            unix_time_ns,
+        } = d;
+        match self.cfg.rekey {
+            RekeyMode::Off => {
+                return Err("restore page delivered, but this agent does not re-key \
+                            (a host process started without --rekey)"
+                    .into())
+            }
+            RekeyMode::SecretOnly => {}
+            RekeyMode::System => {
+                rekey::apply_system(&grant.entropy, unix_time_ns).map_err(|(_, m)| m)?;
+                crate::net::reapply(&self.cfg.net).map_err(|(_, m)| m)?;
+            }
+        }
+        if let Some(p) = &grant.policy {
+            self.narrow_policy(p)
+                .map_err(|e| format!("restore page policy refused: {e}"))?;
+        }
+        *self.secret.write().unwrap_or_else(|e| e.into_inner()) = grant.secret;
+        crate::debug!(
+            "restored: {} entropy bytes, clock set, session secret replaced from the restore page",
+            grant.entropy.len()
         );
         Ok(())
     }
@@ -394,6 +466,13 @@ impl Connection {
 
     /// Authenticates the connection; `false` means it must be closed.
     fn handshake(&mut self, reader: &mut BufReader<UnixStream>) -> bool {
+        // First, before reading anything: a restore since the last connection replaces the
+        // secret this one must present.
+        if let Err(why) = self.agent.settle_restore() {
+            self.writer
+                .error(RequestId::RESERVED, ErrorCode::Unauthorized, why);
+            return false;
+        }
         let _ = self.stream.set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT));
         let first = match read_message(reader) {
             Ok(m) => m,
