@@ -21,6 +21,16 @@
 #   TCG_L1_KEEP=1   keep the work directory (initramfs, /init) for inspection
 #   TCG_L1_SMP      the L1's vCPUs (default 1: with 2, an L1 hang or an L2 triple fault came
 #                   in 2 of 5 sessions on a 2-core host; with 1, none in 10)
+#   TCG_L1_BENCH=N  instead of the checks, the cold-boot comparison (BENCHMARKS.md): N rounds,
+#                   each booting IMAGE_DIR's vmlinux and system.erofs (1 vCPU, 128 MiB, a
+#                   read-only disk and a vsock device, `voidbox.debug=1`) once per VMM, in an
+#                   order that rotates per round, timing every console line with
+#                   scripts/tcg-l1/boot-timer.c until the agent's `boot: listening`;
+#                   scripts/tcg-l1/boot-compare.py prints the phase split and the ratios
+#   TCG_L1_FIRECRACKER=PATH   the Firecracker binary the comparison also boots
+#                   (../shared/vendor/firecracker/README.md: --no-seccomp --no-api)
+#   TCG_L1_VOIDBOX_BEFORE=PATH  another voidbox binary the comparison also boots (the VMM of
+#                   an earlier commit, to compare before/after)
 #
 # The L1 kernel and its modules come from the package Debian's `linux-image-amd64` depends
 # on (apt-get download + dpkg-deb -x, nothing installed on this host), cached under
@@ -138,6 +148,76 @@ echo '127.0.0.1 localhost' >"$root/etc/hosts"
 token="tcg-net-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
 echo "$token" >"$root/www/token"
 
+bench="${TCG_L1_BENCH:-}"
+if [ -n "$bench" ]; then
+  [ "$bench" -ge 1 ] 2>/dev/null || die "TCG_L1_BENCH must be a number of rounds"
+  gcc -static -O2 -o "$root/bin/boot-timer" "$repo/scripts/tcg-l1/boot-timer.c" ||
+    die "cannot build boot-timer (needs gcc and libc6-dev)"
+  vmms="voidbox"
+  if [ -n "${TCG_L1_VOIDBOX_BEFORE:-}" ]; then
+    strip --strip-all -o "$root/bin/voidbox-before" "$TCG_L1_VOIDBOX_BEFORE"
+    vmms="$vmms voidbox-before"
+  fi
+  if [ -n "${TCG_L1_FIRECRACKER:-}" ]; then
+    strip --strip-all -o "$root/bin/firecracker" "$TCG_L1_FIRECRACKER"
+    for lib in $(ldd "$TCG_L1_FIRECRACKER" | grep -o '/[^ ]*' | sort -u); do
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
+    vmms="$vmms firecracker"
+  fi
+  img="/cache/voidbox/images/$hash"
+  secret="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
+  # The image's own flags beyond the VMM's generated ones, as the engine passes them.
+  extra="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cmdline"])' "$image/manifest.json" |
+    sed 's/console=ttyS0 reboot=k panic=-1 pci=off //') voidbox.debug=1 voidbox.secret=$secret"
+  cat >"$root/bench-voidbox.json" <<JSON
+{"kernel":"$img/vmlinux","cmdline_extra":"$extra","memory_mb":128,"vcpus":1,
+ "vsock_uds":"/tmp/vb.vsock","vsock_cid":3,"console_log":"/tmp/console.fifo","compat":false,
+ "image_hash":"bench","disks":[{"path":"$img/system.erofs","read_only":true}]}
+JSON
+  tr -d '\n' <"$root/bench-voidbox.json" >"$root/bench-voidbox.line" && echo >>"$root/bench-voidbox.line"
+  cat >"$root/bench-firecracker.json" <<JSON
+{"boot-source":{"kernel_image_path":"$img/vmlinux",
+  "boot_args":"console=ttyS0 reboot=k panic=-1 pci=off $extra"},
+ "drives":[{"drive_id":"system","path_on_host":"$img/system.erofs","is_root_device":false,
+  "is_read_only":true}],
+ "machine-config":{"vcpu_count":1,"mem_size_mib":128},
+ "vsock":{"guest_cid":3,"uds_path":"/tmp/fc.vsock"}}
+JSON
+  cat >"$root/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs -o size=1g tmpfs /tmp
+for m in irqbypass kvm ccp kvm-amd; do insmod /modules/\$m.ko || echo "insmod \$m failed"; done
+set -- $vmms
+n=\$#
+for round in \$(seq $bench); do
+  i=0
+  while [ \$i -lt \$n ]; do
+    k=\$(( (i + round - 1) % n + 1 ))
+    eval vmm=\\\$\$k
+    rm -f /tmp/vb.vsock /tmp/fc.vsock
+    case \$vmm in
+      firecracker) boot-timer -u 'boot: listening' -t 120 -- firecracker --no-seccomp --no-api \\
+                     --config-file /bench-firecracker.json </dev/null >/tmp/t 2>&1 ;;
+      *) boot-timer -f /tmp/console.fifo -u 'boot: listening' -t 120 -- \$vmm __vmm \\
+           </bench-voidbox.line >/tmp/t 2>&1 ;;
+    esac
+    echo "BENCH \$vmm \$round rc=\$?"
+    sed 's/^/T /' /tmp/t
+    i=\$((i + 1))
+  done
+done
+echo "ALL DONE"
+sync
+poweroff -f
+INIT
+else
 cat >"$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -219,6 +299,7 @@ echo "ALL DONE at $(now) s"
 sync
 poweroff -f
 INIT
+fi
 sed -i "s/@CHECK_TIMEOUT@/$check_timeout_s/" "$root/init"
 chmod +x "$root/init"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$work/initrd.cpio"
@@ -318,6 +399,14 @@ if grep -Eq '^\[ *[0-9]+\.[0-9]+\] .*(Kernel panic|Oops|BUG: |stack guard page w
 fi
 # A failed check is voidbox's (a hung one fails after TCG_L1_CHECK_TIMEOUT), even if the L1
 # broke later.
+if [ -n "$bench" ]; then
+  grep -q '^ALL DONE' "$log" || {
+    echo "tcg-l1: L1 CRASH: the comparison did not finish" >&2
+    exit 3
+  }
+  python3 "$repo/scripts/tcg-l1/boot-compare.py" "$log"
+  exit $?
+fi
 if grep -q '^CHECK [^ ]* FAIL' "$log"; then
   echo "tcg-l1: FAILED: $(grep -c '^CHECK [^ ]* FAIL' "$log") check(s)" >&2
   exit 1

@@ -134,7 +134,7 @@ pub struct VmConfig {
     /// What a restored guest gets on its restore page before it resumes: a new session
     /// secret, host entropy and its policy (see [`crate::restore_page`]). Required to restore
     /// a snapshot that reserves a restore page; only valid with `restore`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_grant: Option<voidbox_protocol::restore_page::RestoreGrant>,
     /// virtio-blk disks, in guest order (`/dev/vda` first). On restore they must match the
     /// snapshot's disks in number, size and mode.
@@ -149,6 +149,11 @@ pub struct VmConfig {
     /// binds its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<ShareConfig>,
+    /// Announce the [`SHARE_SLOTS`] virtio-9p share slots. Required with `shares`; set
+    /// without them for a VM whose snapshot will be restored with shares. Without it the
+    /// guest gets no 9p devices to probe at boot. Part of the snapshot key (the device set).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_slots: bool,
 }
 
 fn default_memory_mb() -> u32 {
@@ -272,6 +277,11 @@ impl VmConfig {
         }
         if self.disks.iter().any(|d| d.path.as_os_str().is_empty()) {
             return Err(ConfigError::EmptyPath("disks[].path"));
+        }
+        if !self.shares.is_empty() && !self.share_slots {
+            return Err(ConfigError::Share(
+                "shares need share_slots (the 9p devices they are bound to)".into(),
+            ));
         }
         if self.shares.len() > SHARE_SLOTS {
             return Err(ConfigError::Share(format!(
@@ -457,7 +467,7 @@ mod tests {
     #[test]
     fn shares_default_read_only_and_are_bounded() {
         let c = VmConfig::from_json(
-            r#"{"kernel":"/k","console_log":"/c","shares":[{"path":"/srv/a"},
+            r#"{"kernel":"/k","console_log":"/c","share_slots":true,"shares":[{"path":"/srv/a"},
                 {"path":"/srv/b","read_only":false,"guest_uid":1234,"guest_gid":1235}]}"#,
         )
         .unwrap();
@@ -468,9 +478,18 @@ mod tests {
         let back = VmConfig::from_json(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
         // No `shares` key at all when there are none (older VMMs read the config too).
-        assert!(!serde_json::to_string(&cfg()).unwrap().contains("shares"));
+        let plain = serde_json::to_string(&cfg()).unwrap();
+        assert!(
+            !plain.contains("shares") && !plain.contains("share_slots") && !plain.contains("grant"),
+            "{plain}"
+        );
+        // Shares without their slots.
+        assert!(matches!(
+            VmConfig::from_json(r#"{"kernel":"/k","console_log":"/c","shares":[{"path":"/x"}]}"#),
+            Err(ConfigError::Share(m)) if m.contains("share_slots")
+        ));
         let five = format!(
-            r#"{{"kernel":"/k","console_log":"/c","shares":[{}]}}"#,
+            r#"{{"kernel":"/k","console_log":"/c","share_slots":true,"shares":[{}]}}"#,
             [r#"{"path":"/x"}"#; SHARE_SLOTS + 1].join(",")
         );
         assert!(matches!(

@@ -85,7 +85,10 @@ mod tests {
             panic!("not filled");
         };
         assert_eq!(d.grant, grant());
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
         assert!(now >= d.unix_time_ns && now - d.unix_time_ns < 60_000_000_000);
         // Filled is not armed: a second fill (a stale page) is refused.
         assert!(!is_armed(&mem));

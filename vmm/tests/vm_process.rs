@@ -770,6 +770,11 @@ fn snapshot_restore_and_snapshot_of_a_restored_vm() {
         with_base(json!({"restore": g.path("missing")})),
         "missing dir",
     );
+    // This guest never armed a restore page: a grant (a new secret it would never read) is
+    // refused rather than ignored.
+    let grant = json!({"secret": "ab".repeat(32), "entropy": "cd".repeat(64)});
+    let d = refused(with_base(json!({"restore_grant": grant})), "restore grant");
+    assert!(d.contains("no restore page"), "{d}");
     // Flip one byte of a data page of the memory file.
     let mp = snap.join("memory.bin");
     let mut bytes = std::fs::read(&mp).unwrap();

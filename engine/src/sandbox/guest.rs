@@ -56,16 +56,9 @@ pub fn try_connect(
     if s.write_all(format!("CONNECT {port}\n").as_bytes()).is_err() {
         return Ok(None);
     }
-    // Read the reply byte by byte so nothing after the line is consumed.
-    let mut line = Vec::with_capacity(32);
-    let mut b = [0u8; 1];
-    while line.len() < 64 {
-        match s.read(&mut b) {
-            Ok(1) if b[0] == b'\n' => break,
-            Ok(1) => line.push(b[0]),
-            _ => return Ok(None),
-        }
-    }
+    let Ok(line) = read_line(&mut s, 64) else {
+        return Ok(None);
+    };
     if line.starts_with(b"OK ") {
         s.set_read_timeout(None)
             .map_err(SandboxError::io("socket timeout"))?;
@@ -79,6 +72,17 @@ pub fn try_connect(
 pub struct GuestConn {
     stream: UnixStream,
     ids: RequestIdAllocator,
+    /// A resumed guest's connection ([`GuestConn::resume`]) whose `CONNECT` reply and
+    /// handshake `Pong` are read before the first reply to a request.
+    pending: Option<Pending>,
+    /// What the guest reported in its handshake (`None` until a resumed one answered).
+    info: Option<voidbox_protocol::GuestInfo>,
+}
+
+/// The unread start of a resumed guest's connection.
+struct Pending {
+    ping: voidbox_protocol::RequestId,
+    timeout: Duration,
 }
 
 /// What an exec produced besides the streamed output.
@@ -106,9 +110,118 @@ impl GuestConn {
             GuestConn {
                 stream,
                 ids: RequestIdAllocator::new(),
+                pending: None,
+                info: Some(pong.info.clone()),
             },
             pong,
         ))
+    }
+
+    /// Opens a connection to a guest just resumed from a snapshot, without waiting for it:
+    /// `CONNECT` and a `Ping` under `secret` (the one its restore page delivered) go out in
+    /// one write, and the caller's first request follows at once. The VMM's `OK` and the
+    /// `Pong` are read before that request's reply ([`GuestConn::settle`]), within `timeout`;
+    /// so the guest's first exchange is the caller's request, authenticated under the new
+    /// secret, and no round trip comes before it.
+    pub fn resume(
+        uds: &Path,
+        port: u32,
+        secret: &SessionSecret,
+        timeout: Duration,
+    ) -> Result<GuestConn, SandboxError> {
+        let mut stream = UnixStream::connect(uds)
+            .map_err(SandboxError::io(format!("connect {}", uds.display())))?;
+        let ids = RequestIdAllocator::new();
+        let ping_id = ids.next_id();
+        let mut ping = Ping::new(secret.clone(), None);
+        ping.id = ping_id;
+        let mut first = Zeroizing::new(format!("CONNECT {port}\n").into_bytes());
+        first.extend_from_slice(&Zeroizing::new(
+            Message::Ping(ping)
+                .encode()
+                .map_err(|e| protocol("handshake", e))?,
+        ));
+        stream
+            .write_all(&first)
+            .map_err(SandboxError::io("writing to the resumed guest"))?;
+        Ok(GuestConn {
+            stream,
+            ids,
+            pending: Some(Pending {
+                ping: ping_id,
+                timeout,
+            }),
+            info: None,
+        })
+    }
+
+    /// Reads what [`GuestConn::resume`] left unread: the VMM's `CONNECT` reply, then the
+    /// handshake's `Pong`. A refused handshake is [`SandboxError::Guest`] with the guest's
+    /// reason (a wrong secret, or a restore page it refused).
+    fn settle(&mut self) -> Result<(), SandboxError> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let saved = self
+            .stream
+            .read_timeout()
+            .map_err(SandboxError::io("socket timeout"))?;
+        self.set_timeout(Some(p.timeout))?;
+        let r = self.settle_exchange(p.ping, p.timeout);
+        self.set_timeout(saved)?;
+        r
+    }
+
+    fn settle_exchange(
+        &mut self,
+        ping: voidbox_protocol::RequestId,
+        timeout: Duration,
+    ) -> Result<(), SandboxError> {
+        let during = "the resumed guest's handshake";
+        match read_line(&mut self.stream, 64) {
+            Ok(line) if line.starts_with(b"OK ") => {}
+            Ok(_) => {
+                return Err(protocol(
+                    during,
+                    ProtocolError::UnexpectedMessage {
+                        expected: "OK <port>",
+                        got: "another CONNECT reply",
+                    },
+                ))
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(SandboxError::Timeout(during.into(), timeout))
+            }
+            Err(e) => {
+                return Err(SandboxError::io(format!(
+                    "{during}: the guest did not accept the connection"
+                ))(e))
+            }
+        }
+        let reply = match read_reply(&mut self.stream, during, timeout)? {
+            Message::Error(e) if e.id == ping || e.id == voidbox_protocol::RequestId::RESERVED => {
+                return Err(SandboxError::Guest {
+                    what: during.into(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            m => m,
+        };
+        let pong = check_pong(reply).map_err(|e| protocol(during, e))?;
+        self.info = Some(pong.info);
+        Ok(())
+    }
+
+    /// What the guest reported in its handshake (`None` for a resumed guest that has not
+    /// answered a request yet).
+    pub fn guest_info(&self) -> Option<&voidbox_protocol::GuestInfo> {
+        self.info.as_ref()
     }
 
     fn send(&mut self, during: &str, msg: &Message) -> Result<(), SandboxError> {
@@ -121,6 +234,7 @@ impl GuestConn {
         during: &str,
         id: voidbox_protocol::RequestId,
     ) -> Result<Message, SandboxError> {
+        self.settle()?;
         for _ in 0..MAX_STRAY_MESSAGES {
             let m = read_reply(&mut self.stream, during, Duration::ZERO)?;
             if m.id() == id {
@@ -273,6 +387,10 @@ impl GuestConn {
             .map(|s| Duration::from_secs(s.saturating_add(10)));
         self.set_timeout(host_timeout)?;
         self.send("exec", &Message::ExecRequest(req))?;
+        if let Err(e) = self.settle() {
+            self.set_timeout(None)?;
+            return Err(e);
+        }
         if streamed.is_none() && sampling.is_none() {
             let r = exec_replies(&mut self.stream, id, host_timeout, on_output, None);
             self.set_timeout(None)?;
@@ -743,6 +861,24 @@ fn exec_replies(
     }
 }
 
+/// Reads one `\n`-terminated line of at most `max` bytes, byte by byte so nothing after it
+/// is consumed. EOF or an over-long line is an error.
+fn read_line(stream: &mut UnixStream, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut line = Vec::with_capacity(32);
+    let mut b = [0u8; 1];
+    while line.len() < max {
+        match stream.read(&mut b)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            _ if b[0] == b'\n' => return Ok(line),
+            _ => line.push(b[0]),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "CONNECT reply too long",
+    ))
+}
+
 /// Reads the next message; a read timeout (the socket's) is a [`SandboxError::Timeout`]
 /// saying `during` and `limit`.
 fn read_reply(
@@ -775,7 +911,7 @@ fn too_many_strays(during: &str) -> SandboxError {
 }
 
 /// [`REKEY_ENTROPY_LEN`] bytes from the host's CSPRNG, zeroed on drop.
-fn host_entropy() -> Result<Zeroizing<Vec<u8>>, SandboxError> {
+pub(crate) fn host_entropy() -> Result<Zeroizing<Vec<u8>>, SandboxError> {
     let mut entropy = Zeroizing::new(vec![0u8; REKEY_ENTROPY_LEN]);
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut entropy))

@@ -27,6 +27,7 @@ pub mod vmm_process;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use voidbox_protocol::restore_page::RestoreGrant;
 use voidbox_protocol::{
     ExecRequest, ExecResponse, GuestInfo, GuestPolicy, OutputStream, SessionSecret,
 };
@@ -87,6 +88,10 @@ pub struct SandboxConfig {
     /// [`Sandbox::start`] returns. Not part of the snapshot identity: a VM restored from a
     /// golden snapshot gets its own.
     pub shares: Vec<shares::Share>,
+    /// Give the VM the virtio-9p share slots even without `shares`: the creator of a golden
+    /// snapshot that VMs with shares restore from. (A VM with shares always has them; one
+    /// without boots with no 9p devices to probe.)
+    pub share_slots: bool,
 }
 
 impl SandboxConfig {
@@ -111,7 +116,13 @@ impl SandboxConfig {
             snapshot_control: false,
             test_forbidden_syscall: false,
             shares: Vec::new(),
+            share_slots: false,
         }
+    }
+
+    /// Whether the VM gets the share slots: it has shares, or its snapshot's VMs will.
+    pub fn needs_share_slots(&self) -> bool {
+        self.share_slots || !self.shares.is_empty()
     }
 
     /// Sets the host shares, and asks for a writable guest root when one of them goes where
@@ -216,11 +227,43 @@ pub struct Sandbox {
     secret: SessionSecret,
     vsock_path: PathBuf,
     console_log: PathBuf,
-    guest_info: GuestInfo,
     timings: BootTimings,
     stop_grace: Duration,
     policy: Option<GuestPolicy>,
     restored_from: Option<PathBuf>,
+}
+
+/// A VMM just spawned, with what the [`Sandbox`] keeps of it.
+struct Spawned {
+    vmm: VmmProcess,
+    dir: tempfile::TempDir,
+    vsock_path: PathBuf,
+    console_log: PathBuf,
+}
+
+/// Why a VMM exited before its guest was reachable.
+fn start_failed(vmm: &mut VmmProcess) -> SandboxError {
+    let exit = vmm.exit_report();
+    if exit.code == Some(3) {
+        return SandboxError::Environment(format!(
+            "KVM is unusable: {}",
+            exit.detail.clone().unwrap_or_else(|| exit.status_text())
+        ));
+    }
+    if exit.code == Some(SNAPSHOT_REFUSED_EXIT) {
+        return SandboxError::SnapshotRefused(
+            exit.detail.clone().unwrap_or_else(|| exit.status_text()),
+        );
+    }
+    SandboxError::BootFailed(Box::new(exit))
+}
+
+/// A restore grant: a fresh secret, host entropy and `policy` (refused when the policy does
+/// not fit the restore page, before any VMM starts).
+fn restore_grant(policy: Option<GuestPolicy>) -> Result<RestoreGrant, SandboxError> {
+    let secret = SessionSecret::random().map_err(SandboxError::io("session secret"))?;
+    RestoreGrant::new(secret, guest::host_entropy()?, policy)
+        .map_err(|e| SandboxError::Environment(format!("cannot restore this VM: {e}")))
 }
 
 /// Checks that `/dev/kvm` can be opened read-write.
@@ -281,11 +324,16 @@ impl Sandbox {
             .keep_console
             .clone()
             .unwrap_or_else(|| dir.path().join("console.log"));
-        // A cold boot gets a fresh secret on its command line; a restored VM still has the
-        // snapshotted guest's. Either way the secret is rotated right after the handshake.
+        // A cold boot gets a fresh secret on its command line (rotated right after the
+        // handshake); a restored VM gets a new one, with host entropy, the clock and its
+        // policy, on its restore page before it resumes.
         let boot_secret = match &cfg.restore {
             Some(r) => r.secret.clone(),
             None => SessionSecret::random().map_err(SandboxError::io("session secret"))?,
+        };
+        let grant = match &cfg.restore {
+            Some(_) => Some(restore_grant(cfg.policy.clone())?),
+            None => None,
         };
         let compat = cfg.image.profile == Profile::Compat;
         let mut guest_params = cfg.extra_cmdline.clone();
@@ -305,6 +353,7 @@ impl Sandbox {
             ),
             snapshot_control: cfg.snapshot_control,
             restore: cfg.restore.as_ref().map(|r| r.dir.clone()),
+            restore_grant: grant.clone(),
             memory_mb: cfg.memory_mb,
             vcpus: cfg.vcpus,
             vsock_uds: Some(vsock_path.clone()),
@@ -318,25 +367,23 @@ impl Sandbox {
             disks: cfg.disks.vm_disks(&cfg.image.system_disk),
             network: cfg.network.clone(),
             shares: shares::vm_shares(&cfg.shares, cfg.disks.user),
+            share_slots: cfg.needs_share_slots(),
         };
         let mut vmm = VmmProcess::spawn(&cfg.launcher, &config)?;
         let t0 = vmm.spawned_at();
         let deadline = t0 + cfg.boot_timeout;
+        if let Some(grant) = grant {
+            let vm = Spawned {
+                vmm,
+                dir,
+                vsock_path,
+                console_log,
+            };
+            return Sandbox::resume(cfg, vm, grant, deadline);
+        }
         let stream = loop {
             if vmm.try_wait().is_some() {
-                let exit = vmm.exit_report();
-                if exit.code == Some(3) {
-                    return Err(SandboxError::Environment(format!(
-                        "KVM is unusable: {}",
-                        exit.detail.clone().unwrap_or_else(|| exit.status_text())
-                    )));
-                }
-                if exit.code == Some(SNAPSHOT_REFUSED_EXIT) {
-                    return Err(SandboxError::SnapshotRefused(
-                        exit.detail.clone().unwrap_or_else(|| exit.status_text()),
-                    ));
-                }
-                return Err(SandboxError::BootFailed(Box::new(exit)));
+                return Err(start_failed(&mut vmm));
             }
             if Instant::now() >= deadline {
                 vmm.kill();
@@ -359,7 +406,7 @@ impl Sandbox {
             .max(Duration::from_secs(5));
         // The boot secret authenticates this first handshake only; the policy comes with
         // the second one, under the rotated secret.
-        let (conn, pong) = match GuestConn::handshake(stream, &boot_secret, None, hs_timeout) {
+        let (conn, _pong) = match GuestConn::handshake(stream, &boot_secret, None, hs_timeout) {
             Ok(x) => x,
             Err(e) => {
                 if vmm.wait_timeout(Duration::from_millis(200)).is_some() {
@@ -377,7 +424,6 @@ impl Sandbox {
             secret: boot_secret,
             vsock_path,
             console_log,
-            guest_info: pong.info,
             timings: BootTimings::default(),
             stop_grace: cfg.stop_grace,
             policy: cfg.policy.clone(),
@@ -397,6 +443,80 @@ impl Sandbox {
         Ok(sb)
     }
 
+    /// Resumes a VM the VMM is restoring: waits for the VMM alone (its restore, and the
+    /// restore page filled with `grant`), then opens the guest connection with the node's
+    /// first request pipelined behind its handshake ([`GuestConn::resume`]). No guest round
+    /// trip comes before this returns; shares are mounted as the first requests.
+    fn resume(
+        cfg: &SandboxConfig,
+        mut vm: Spawned,
+        grant: RestoreGrant,
+        deadline: Instant,
+    ) -> Result<Sandbox, SandboxError> {
+        let t0 = vm.vmm.spawned_at();
+        let released =
+            vm.vmm
+                .status()
+                .wait_for(
+                    0,
+                    deadline.saturating_duration_since(Instant::now()),
+                    |e| match e {
+                        VmmEvent::Booting { .. } => Some(()),
+                        _ => None,
+                    },
+                );
+        if released.is_none() {
+            if vm.vmm.wait_timeout(Duration::from_millis(200)).is_some() {
+                return Err(start_failed(&mut vm.vmm));
+            }
+            vm.vmm.kill();
+            let exit = vm.vmm.exit_report();
+            return Err(SandboxError::BootTimeout {
+                after: cfg.boot_timeout,
+                tail: error::ConsoleTail(exit.console_tail),
+            });
+        }
+        let settle = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(5));
+        let conn = match GuestConn::resume(&vm.vsock_path, guest::AGENT_PORT, &grant.secret, settle)
+        {
+            Ok(c) => c,
+            Err(e) => {
+                if vm.vmm.wait_timeout(Duration::from_millis(200)).is_some() {
+                    return Err(start_failed(&mut vm.vmm));
+                }
+                return Err(e);
+            }
+        };
+        let ready = Instant::now();
+        let mut timings = boot_timings(&vm.vmm, t0, ready, ready);
+        let Spawned {
+            vmm,
+            dir,
+            vsock_path,
+            console_log,
+        } = vm;
+        let mut sb = Sandbox {
+            conn,
+            vmm,
+            dir,
+            secret: grant.secret.clone(),
+            vsock_path,
+            console_log,
+            timings: BootTimings::default(),
+            stop_grace: cfg.stop_grace,
+            policy: cfg.policy.clone(),
+            restored_from: cfg.restore.as_ref().map(|r| r.dir.clone()),
+        };
+        for (slot, s) in cfg.shares.iter().enumerate() {
+            sb.mount_share(slot as u8, &s.guest, s.read_only)?;
+        }
+        timings.total = sb.vmm.spawned_at().elapsed();
+        sb.timings = timings;
+        Ok(sb)
+    }
+
     /// Rotates the session secret (an authenticated re-key that also reseeds the guest RNG
     /// and sets its clock), then sends the policy under the new secret.
     pub fn rekey(&mut self) -> Result<(), SandboxError> {
@@ -404,9 +524,8 @@ impl Sandbox {
         let r = self
             .conn
             .rekey(&new, self.policy.clone(), Duration::from_secs(30));
-        let pong = self.check("re-key", r)?;
+        self.check("re-key", r)?;
         self.secret = new;
-        self.guest_info = pong.info;
         Ok(())
     }
 
@@ -608,9 +727,10 @@ impl Sandbox {
         self.restored_from.as_deref()
     }
 
-    /// What the guest reported in the handshake.
-    pub fn guest_info(&self) -> &GuestInfo {
-        &self.guest_info
+    /// What the guest reported in its handshake (`None` for a restored VM until its first
+    /// request was answered: nothing waits for the guest before that).
+    pub fn guest_info(&self) -> Option<&GuestInfo> {
+        self.conn.guest_info()
     }
 
     /// The VMM's pid.

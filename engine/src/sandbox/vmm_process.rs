@@ -388,9 +388,11 @@ mod tests {
             image_hash: String::new(),
             snapshot_control: false,
             restore: None,
+            restore_grant: None,
             disks: Vec::new(),
             network: None,
             shares: Vec::new(),
+            share_slots: false,
         };
         let l = VmmLauncher::Program {
             path: "/nonexistent/voidbox".into(),

@@ -177,6 +177,7 @@ fn create_cmd(
         extra_cmdline: Vec::new(),
         disks: Default::default(),
         network,
+        share_slots: false,
     };
     let key = spec.key();
     let _lock = store

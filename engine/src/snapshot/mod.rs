@@ -25,6 +25,8 @@ pub use store::{Entry, LockMode, Meta, Store, StoreError};
 pub const DEVICES: &[&str] = &["serial", "i8042", "vsock"];
 /// The device a VM with network has besides [`DEVICES`].
 pub const NET_DEVICE: &str = "virtio-net";
+/// The share slots a VM with host shares has besides [`DEVICES`].
+pub const SHARE_SLOTS_DEVICE: &str = "virtio-9p-slots";
 /// How long writing a snapshot may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -45,6 +47,8 @@ pub struct GoldenSpec {
     /// gets this config with [`crate::network::creator_policy`] (deny everything); VMs
     /// restored from the snapshot bring their own policy.
     pub network: Option<voidbox_net::NatConfig>,
+    /// The virtio-9p share slots (for VMs with host shares; the others boot without them).
+    pub share_slots: bool,
 }
 
 impl GoldenSpec {
@@ -57,6 +61,7 @@ impl GoldenSpec {
             extra_cmdline: cfg.extra_cmdline.clone(),
             disks: cfg.disks.clone(),
             network: cfg.network.clone(),
+            share_slots: cfg.needs_share_slots(),
         }
     }
 
@@ -65,6 +70,9 @@ impl GoldenSpec {
         let mut d = DEVICES.to_vec();
         if self.network.is_some() {
             d.push(NET_DEVICE);
+        }
+        if self.share_slots {
+            d.push(SHARE_SLOTS_DEVICE);
         }
         d
     }
@@ -120,6 +128,7 @@ pub fn create(
     cfg.vcpus = spec.vcpus;
     cfg.extra_cmdline = spec.extra_cmdline.clone();
     cfg.disks = spec.disks.clone();
+    cfg.share_slots = spec.share_slots;
     // Nothing reaches the creator, and it reaches nothing: its NAT binds none of the node's
     // published ports or service sockets (the restored VM's NAT does).
     cfg.network = spec.network.clone().map(|mut n| {
@@ -555,6 +564,7 @@ mod tests {
             extra_cmdline: vec![],
             disks: Default::default(),
             network: None,
+            share_slots: false,
         }
     }
 
@@ -577,6 +587,11 @@ mod tests {
         let mut e = spec(128);
         e.image.vmlinux = "/elsewhere".into();
         assert_eq!(a.key(), e.key());
+        // VMs with shares restore from a snapshot with the share slots, the others not.
+        let mut f = spec(128);
+        f.share_slots = true;
+        assert_ne!(a.key(), f.key());
+        assert_eq!(f.devices().last(), Some(&SHARE_SLOTS_DEVICE));
     }
 
     #[test]

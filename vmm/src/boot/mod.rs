@@ -274,7 +274,10 @@ mod tests {
         assert_eq!({ p.hdr.cmdline_size }, 10);
         // RAM stops at the restore page; it, the EBDA and the legacy hole are reserved.
         let (ram, reserved) = (p.e820_table[0], p.e820_table[1]);
-        assert_eq!(({ ram.addr }, { ram.size }, { ram.r#type }), (0, RESTORE_PAGE_START, 1));
+        assert_eq!(
+            ({ ram.addr }, { ram.size }, { ram.r#type }),
+            (0, RESTORE_PAGE_START, 1)
+        );
         assert_eq!(
             ({ reserved.addr }, { reserved.size }, { reserved.r#type }),
             (RESTORE_PAGE_START, HIMEM_START - RESTORE_PAGE_START, 2)

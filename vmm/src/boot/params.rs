@@ -153,7 +153,11 @@ mod tests {
         const GIB: u64 = 1 << 30;
         let base = [
             (0, RESTORE_PAGE_START, E820_RAM),
-            (RESTORE_PAGE_START, HIMEM_START - RESTORE_PAGE_START, E820_RESERVED),
+            (
+                RESTORE_PAGE_START,
+                HIMEM_START - RESTORE_PAGE_START,
+                E820_RESERVED,
+            ),
         ];
         let with = |rest: &[(u64, u64, u32)]| [&base[..], rest].concat();
         assert_eq!(

@@ -26,7 +26,8 @@ pub fn device_names(cfg: &VmConfig) -> Vec<String> {
 
 /// The virtio-mmio devices of a VM built from `cfg`, in bus order: one `block` per disk
 /// (`/dev/vda` first), then `net` (with a network config), then `vsock`, then the
-/// [`SHARE_SLOTS`] share slots (`p9`, bound or not: the binding is not part of the key).
+/// [`SHARE_SLOTS`] share slots with `share_slots` (`p9`, bound or not: the binding is not
+/// part of the key).
 pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
     let mut d = vec!["block"; cfg.disks.len()];
     if cfg.network.is_some() {
@@ -35,7 +36,9 @@ pub fn virtio_device_names(cfg: &VmConfig) -> Vec<&'static str> {
     if cfg.vsock_uds.is_some() {
         d.push("vsock");
     }
-    d.extend([crate::devices::p9::SNAPSHOT_NAME; SHARE_SLOTS]);
+    if cfg.share_slots {
+        d.extend([crate::devices::p9::SNAPSHOT_NAME; SHARE_SLOTS]);
+    }
     d
 }
 

@@ -2,8 +2,8 @@
 //! ([`super::restore`]): the console log, the serial port and the i8042 reset port on the
 //! port bus, and the virtio-mmio slots — the disks first (`/dev/vda`, `/dev/vdb`, … in
 //! config order, so `/dev/vda` stays the system disk), then the network device (only with a
-//! `network` config), then vsock, then the [`SHARE_SLOTS`] virtio-9p share slots (always,
-//! bound or not) — each with its 4 KiB register window, its IRQ (an irqfd)
+//! `network` config), then vsock, then the [`SHARE_SLOTS`] virtio-9p share slots (with
+//! `share_slots`, bound or not) — each with its 4 KiB register window, its IRQ (an irqfd)
 //! and its `virtio_mmio.device=` announcement. The two paths differ only in how each device is
 //! made: new, or from its own `persist` state.
 
@@ -79,7 +79,8 @@ pub(super) fn open_disks(cfg: &VmConfig) -> Result<Vec<Disk>, VmError> {
 /// descriptor limit is raised to its hard limit (every fid the guest holds is a
 /// descriptor). A share that cannot be bound is a config error naming it.
 pub(super) fn open_shares(cfg: &VmConfig) -> Result<Vec<Share>, VmError> {
-    let shares = (0..SHARE_SLOTS)
+    let slots = if cfg.share_slots { SHARE_SLOTS } else { 0 };
+    let shares = (0..slots)
         .map(|i| match cfg.shares.get(i) {
             Some(s) => Share::open(s).map_err(|e| VmError::Config(ConfigError::Share(e))),
             None => Ok(Share::unbound()),

@@ -160,8 +160,9 @@ pub(super) fn restore(
 /// silently ignored.
 fn fill_restore_page(cfg: &VmConfig, has_page: bool, mem: &GuestMem) -> Result<(), VmError> {
     match (&cfg.restore_grant, has_page) {
-        (Some(grant), true) => crate::restore_page::fill(mem, grant)
-            .map_err(|e| refused(format!("restore page: {e}"))),
+        (Some(grant), true) => {
+            crate::restore_page::fill(mem, grant).map_err(|e| refused(format!("restore page: {e}")))
+        }
         (Some(_), false) => Err(refused(
             "this snapshot has no restore page (its guest had not armed one), so the restored \
              guest cannot get a new secret: re-create the snapshot with this voidbox",

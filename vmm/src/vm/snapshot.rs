@@ -158,13 +158,13 @@ impl Running {
                 })
                 .collect::<Result<_, String>>()?,
         };
-        let blob =
-            encode_state(&SnapshotState {
+        let blob = encode_state(&SnapshotState {
             vm,
             vcpus,
             devices,
             restore_page: crate::restore_page::is_armed(&self.mem),
-        }).map_err(|e| e.to_string())?;
+        })
+        .map_err(|e| e.to_string())?;
         let saved = save(dir, &self.key, &blob, &self.mem).map_err(|e| e.to_string())?;
         drop(slots);
         drop(serial);

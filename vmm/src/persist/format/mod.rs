@@ -46,7 +46,8 @@ pub const MAGIC: [u8; 8] = *b"VBXSNAP\0";
 /// Version 4: virtio-blk disks in the device state (`block` slots before `vsock`).
 /// Version 5: the virtio-net device in the device state (a `net` slot after the disks).
 /// Version 6: the virtio-9p share slots in the device state (four `p9` slots after vsock).
-/// Version 7: the restore page (`SnapshotState::restore_page`, reserved in e820).
+/// Version 7: the restore page (`SnapshotState::restore_page`, reserved in e820); the `p9`
+/// share slots only in VMs configured with `share_slots`.
 pub const FORMAT_VERSION: u32 = 7;
 /// Largest header accepted.
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;

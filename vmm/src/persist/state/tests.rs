@@ -12,6 +12,7 @@ fn cfg(vcpus: u8, vsock: bool) -> VmConfig {
     let mut c =
         VmConfig::from_json(r#"{"kernel":"/k","console_log":"/c","image_hash":"h1"}"#).unwrap();
     c.vcpus = vcpus;
+    c.share_slots = true;
     if vsock {
         c.vsock_uds = Some("/tmp/v.sock".into());
     }
@@ -102,6 +103,10 @@ fn key_follows_config() {
         guest_gid: 1000,
     }];
     assert_eq!(snapshot_key(&bound), k);
+    // Without share slots the guest has no 9p devices, and the key says so.
+    let mut bare = cfg(2, true);
+    bare.share_slots = false;
+    assert_eq!(snapshot_key(&bare).devices, ["serial", "i8042", "vsock"]);
 }
 
 #[test]
