@@ -479,3 +479,99 @@ fn missing_socket_means_retry() {
             .is_none()
     );
 }
+
+/// A resumed guest's connection: `CONNECT`, the `Ping` under the page's secret and the
+/// first request arrive before the guest has said a word (the endpoint below reads all three
+/// before it answers anything, so a host that waited for a reply would hang here), and the
+/// request's reply comes after the `OK` and the `Pong`.
+#[test]
+fn resume_sends_the_first_request_behind_the_handshake() {
+    let secret = SessionSecret::random().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let expect = secret.clone();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = [0u8; 13];
+        s.read_exact(&mut line).unwrap();
+        assert_eq!(&line, b"CONNECT 1234\n");
+        let Message::Ping(ping) = read_message(&mut s).unwrap() else {
+            panic!("the first frame is not the handshake")
+        };
+        assert_eq!(ping.secret, expect);
+        let Message::ExecRequest(r) = read_message(&mut s).unwrap() else {
+            panic!("the exec did not follow the handshake at once")
+        };
+        assert_eq!(r.program, "true");
+        s.write_all(b"OK 1073741824\n").unwrap();
+        let pong = voidbox_protocol::Pong::new(ping.id, GuestInfo::default());
+        write_message(&mut s, &Message::Pong(pong)).unwrap();
+        let resp = ExecResponse {
+            id: r.id,
+            exit_code: Some(0),
+            ..ExecResponse::default()
+        };
+        write_message(&mut s, &Message::ExecResponse(resp)).unwrap();
+    });
+    let mut g = GuestConn::resume(&path, AGENT_PORT, &secret, Duration::from_secs(5)).unwrap();
+    assert!(
+        g.guest_info().is_none(),
+        "nothing was read before the request"
+    );
+    let r = g
+        .exec(
+            ExecRequest {
+                program: "true".into(),
+                ..ExecRequest::default()
+            },
+            &mut |_, _| {},
+        )
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    assert!(g.guest_info().is_some());
+    t.join().unwrap();
+}
+
+/// A guest that refuses the resumed connection (here: its restore page) fails the first
+/// request with the guest's reason, not a generic protocol error; a guest that never
+/// answers is a timeout.
+#[test]
+fn resume_reports_the_guests_refusal_and_times_out() {
+    let secret = SessionSecret::random().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut line = [0u8; 13];
+        s.read_exact(&mut line).unwrap();
+        s.write_all(b"OK 1073741824\n").unwrap();
+        let why = "restore page refused: restore page checksum mismatch; this VM accepts no secret";
+        let m = Message::error(
+            voidbox_protocol::RequestId::RESERVED,
+            ErrorCode::Unauthorized,
+            why,
+        );
+        write_message(&mut s, &m).unwrap();
+        // The second connection: accepted, then silence.
+        let (s2, _) = l.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        drop(s2);
+    });
+    let mut g = GuestConn::resume(&path, AGENT_PORT, &secret, Duration::from_secs(5)).unwrap();
+    match g.telemetry() {
+        Err(SandboxError::Guest { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::Unauthorized);
+            assert!(message.contains("checksum mismatch"), "{message}");
+        }
+        other => panic!("expected the guest's refusal, got {other:?}"),
+    }
+    let mut g = GuestConn::resume(&path, AGENT_PORT, &secret, Duration::from_millis(300)).unwrap();
+    assert!(matches!(
+        g.telemetry(),
+        Err(SandboxError::Timeout(_, d)) if d == Duration::from_millis(300)
+    ));
+    t.join().unwrap();
+}
