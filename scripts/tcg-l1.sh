@@ -31,6 +31,10 @@
 #                   (../shared/vendor/firecracker/README.md: --no-seccomp --no-api)
 #   TCG_L1_VOIDBOX_BEFORE=PATH  another voidbox binary the comparison also boots (the VMM of
 #                   an earlier commit, to compare before/after)
+#   TCG_L1_VOIDBOX_VMM=PATH  the standalone VMM binary (target/release/voidbox-vmm), booted
+#                   too: the same VMM without the CLI around it
+#   TCG_L1_BENCH_VERBOSE=1  every kernel message on the guest console (to see where boot time
+#                   goes by the kernel's timestamps; slows every boot down)
 #
 # The L1 kernel and its modules come from the package Debian's `linux-image-amd64` depends
 # on (apt-get download + dpkg-deb -x, nothing installed on this host), cached under
@@ -158,6 +162,10 @@ if [ -n "$bench" ]; then
     strip --strip-all -o "$root/bin/voidbox-before" "$TCG_L1_VOIDBOX_BEFORE"
     vmms="$vmms voidbox-before"
   fi
+  if [ -n "${TCG_L1_VOIDBOX_VMM:-}" ]; then
+    strip --strip-all -o "$root/bin/voidbox-vmm" "$TCG_L1_VOIDBOX_VMM"
+    vmms="$vmms voidbox-vmm"
+  fi
   if [ -n "${TCG_L1_FIRECRACKER:-}" ]; then
     strip --strip-all -o "$root/bin/firecracker" "$TCG_L1_FIRECRACKER"
     for lib in $(ldd "$TCG_L1_FIRECRACKER" | grep -o '/[^ ]*' | sort -u); do
@@ -171,9 +179,12 @@ if [ -n "$bench" ]; then
   # The image's own flags beyond the VMM's generated ones, as the engine passes them.
   extra="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cmdline"])' "$image/manifest.json" |
     sed 's/console=ttyS0 reboot=k panic=-1 pci=off //') voidbox.debug=1 voidbox.secret=$secret"
+  # TCG_L1_BENCH_VERBOSE=1: every kernel message on the console (slower boots; for finding
+  # where the time goes, by the kernel's own timestamps).
+  if [ "${TCG_L1_BENCH_VERBOSE:-0}" = 1 ]; then extra="${extra/quiet/ignore_loglevel}"; fi
   cat >"$root/bench-voidbox.json" <<JSON
 {"kernel":"$img/vmlinux","cmdline_extra":"$extra","memory_mb":128,"vcpus":1,
- "vsock_uds":"/tmp/vb.vsock","vsock_cid":3,"console_log":"/tmp/console.fifo","compat":false,
+ "vsock_uds":"/tmp/vb.vsock","vsock_cid":3,"console_log":"/tmp/console.log","compat":false,
  "image_hash":"bench","disks":[{"path":"$img/system.erofs","read_only":true}]}
 JSON
   tr -d '\n' <"$root/bench-voidbox.json" >"$root/bench-voidbox.line" && echo >>"$root/bench-voidbox.line"
@@ -205,7 +216,9 @@ for round in \$(seq $bench); do
     case \$vmm in
       firecracker) boot-timer -u 'boot: listening' -t 120 -- firecracker --no-seccomp --no-api \\
                      --config-file /bench-firecracker.json </dev/null >/tmp/t 2>&1 ;;
-      *) boot-timer -f /tmp/console.fifo -u 'boot: listening' -t 120 -- \$vmm __vmm \\
+      voidbox-vmm) boot-timer -f /tmp/console.log -u 'boot: listening' -t 120 -- voidbox-vmm \\
+           </bench-voidbox.line >/tmp/t 2>&1 ;;
+      *) boot-timer -f /tmp/console.log -u 'boot: listening' -t 120 -- \$vmm __vmm \\
            </bench-voidbox.line >/tmp/t 2>&1 ;;
     esac
     echo "BENCH \$vmm \$round rc=\$?"

@@ -1,11 +1,14 @@
 /*
- * boot-timer: runs a VMM and timestamps every line it prints, on its stdout and (with -f) on
- * a FIFO it writes its guest console to, in milliseconds since just before the VMM was
+ * boot-timer: runs a VMM and timestamps every line it prints, on its stdout and (with -f) in
+ * the file it writes its guest console to, in milliseconds since just before the VMM was
  * started. Stops the VMM (SIGKILL) at the first line containing PATTERN.
  *
- *   boot-timer [-f FIFO] -u PATTERN [-t SECS] -- CMD [ARGS...]
+ *   boot-timer [-f FILE] -u PATTERN [-t SECS] -- CMD [ARGS...]
  *
- * Output, one line per input line: "<ms> <o|c> <line>" (o: the VMM's stdout, c: the FIFO),
+ * FILE is created empty and followed with inotify (voidbox's VMM writes its console log with
+ * pwrite, so it cannot be a pipe).
+ *
+ * Output, one line per input line: "<ms> <o|c> <line>" (o: the VMM's stdout, c: FILE),
  * then "<ms> UNTIL" when PATTERN was seen (exit 0), or "TIMEOUT" (exit 1).
  * Used by scripts/tcg-l1.sh's boot comparison (TCG_L1_BENCH), where the guest console is the
  * only clock both VMMs share. Blocking reads only: the L1 has one vCPU, so no polling loop
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -35,6 +39,8 @@ static double elapsed_ms(void) {
 
 struct src {
   int fd;
+  int wd; /* inotify: fd is the watch, file the followed file */
+  int file;
   char tag;
   char buf[8192];
   size_t len;
@@ -65,7 +71,7 @@ static int drain(struct src *s, const char *pattern) {
 }
 
 int main(int argc, char **argv) {
-  const char *fifo = NULL, *pattern = NULL;
+  const char *fifo = NULL /* the console file */, *pattern = NULL;
   int timeout_s = 120, opt;
   while ((opt = getopt(argc, argv, "f:u:t:")) != -1) {
     switch (opt) {
@@ -83,12 +89,14 @@ int main(int argc, char **argv) {
   struct src srcs[2];
   int n = 0;
   if (fifo) {
-    unlink(fifo);
-    if (mkfifo(fifo, 0600) != 0) { perror("mkfifo"); return 2; }
-    /* O_RDWR keeps a writer open ourselves, so the FIFO never reports EOF between opens. */
-    int fd = open(fifo, O_RDWR | O_CLOEXEC);
-    if (fd < 0) { perror("open fifo"); return 2; }
-    srcs[n].fd = fd; srcs[n].tag = 'c'; srcs[n].len = 0; n++;
+    int file = open(fifo, O_RDONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (file < 0) { perror("open console file"); return 2; }
+    int in = inotify_init1(IN_CLOEXEC);
+    if (in < 0) { perror("inotify_init1"); return 2; }
+    int wd = inotify_add_watch(in, fifo, IN_MODIFY);
+    if (wd < 0) { perror("inotify_add_watch"); return 2; }
+    srcs[n].fd = in; srcs[n].wd = wd; srcs[n].file = file; srcs[n].tag = 'c'; srcs[n].len = 0;
+    n++;
   }
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) { perror("pipe"); return 2; }
@@ -102,7 +110,8 @@ int main(int argc, char **argv) {
     _exit(127);
   }
   close(p[1]);
-  srcs[n].fd = p[0]; srcs[n].tag = 'o'; srcs[n].len = 0; n++;
+  srcs[n].fd = p[0]; srcs[n].wd = -1; srcs[n].file = -1; srcs[n].tag = 'o'; srcs[n].len = 0;
+  n++;
   int hit = 0, open_srcs = n;
   while (!hit && open_srcs > 0) {
     struct pollfd pf[2];
@@ -114,6 +123,18 @@ int main(int argc, char **argv) {
     if (r <= 0) break;
     for (int i = 0; i < n && !hit; i++) {
       if (srcs[i].fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP))) continue;
+      if (srcs[i].wd >= 0) {
+        /* Consume the events, then read whatever the file gained. */
+        char ev[4096];
+        if (read(srcs[i].fd, ev, sizeof ev) <= 0) { srcs[i].fd = -1; open_srcs--; continue; }
+        ssize_t got;
+        while (!hit && (got = read(srcs[i].file, srcs[i].buf + srcs[i].len,
+                                   sizeof srcs[i].buf - srcs[i].len)) > 0) {
+          srcs[i].len += (size_t)got;
+          hit = drain(&srcs[i], pattern);
+        }
+        continue;
+      }
       ssize_t got = read(srcs[i].fd, srcs[i].buf + srcs[i].len, sizeof srcs[i].buf - srcs[i].len);
       if (got <= 0) { srcs[i].fd = -1; open_srcs--; continue; }
       srcs[i].len += (size_t)got;
@@ -125,6 +146,5 @@ int main(int argc, char **argv) {
   fflush(stdout);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
-  if (fifo) unlink(fifo);
   return hit ? 0 : 1;
 }

@@ -2,10 +2,14 @@
 //!
 //! [`Sandbox::start`] spawns the VMM ([`vmm_process`]) with a per-VM temp dir (vsock socket,
 //! console log) to cold-boot a guest (a fresh 32-byte session secret on its command line) or
-//! to restore one from a snapshot ([`RestoreFrom`], with the snapshotted guest's secret),
-//! waits for the guest agent within a deadline (retrying `CONNECT`, watching the VMM's
-//! status), authenticates ([`guest`]) and re-keys: a new secret, a guest RNG reseed and the
-//! host's clock, then the policy under the new secret. Then [`Sandbox::exec`], [`Sandbox::write_file`],
+//! to restore one from a snapshot ([`RestoreFrom`]). A cold boot waits for the guest agent
+//! within a deadline (retrying `CONNECT`, watching the VMM's status), authenticates
+//! ([`guest`]) and re-keys: a new secret, a guest RNG reseed and the host's clock, then the
+//! policy under the new secret. A restore hands all of that to the VMM instead, which writes
+//! it onto the guest's restore page before the guest resumes
+//! ([`voidbox_protocol::restore_page`]); `start` then waits for the VMM alone and returns
+//! with the connection open and its handshake sent, so the first request is the guest's
+//! first exchange ([`GuestConn::resume`]). Then [`Sandbox::exec`], [`Sandbox::write_file`],
 //! [`Sandbox::read_file`]; [`Sandbox::stop`] asks the guest to shut down and kills the VMM
 //! after a grace period. Host directories in [`SandboxConfig::shares`] are bound to the VM's
 //! share slots and mounted in the guest before `start` returns ([`shares`]). Dropping a
@@ -143,7 +147,9 @@ impl SandboxConfig {
 pub struct RestoreFrom {
     /// Directory with `state.snap` and `memory.bin`.
     pub dir: PathBuf,
-    /// The snapshotted guest's session secret.
+    /// The snapshotted guest's session secret. A restore never uses it (the restored guest
+    /// gets a new one on its restore page and refuses this one); it is kept with the
+    /// snapshot so that refusal can be checked.
     pub secret: SessionSecret,
 }
 
@@ -326,11 +332,8 @@ impl Sandbox {
             .unwrap_or_else(|| dir.path().join("console.log"));
         // A cold boot gets a fresh secret on its command line (rotated right after the
         // handshake); a restored VM gets a new one, with host entropy, the clock and its
-        // policy, on its restore page before it resumes.
-        let boot_secret = match &cfg.restore {
-            Some(r) => r.secret.clone(),
-            None => SessionSecret::random().map_err(SandboxError::io("session secret"))?,
-        };
+        // policy, on its restore page before it resumes (its command line is not used).
+        let boot_secret = SessionSecret::random().map_err(SandboxError::io("session secret"))?;
         let grant = match &cfg.restore {
             Some(_) => Some(restore_grant(cfg.policy.clone())?),
             None => None,

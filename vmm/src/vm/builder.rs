@@ -136,8 +136,18 @@ fn boot_kernel(
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(setup("KVM_GET_SUPPORTED_CPUID"))?;
+    let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
     for (i, v) in vcpus.iter().enumerate() {
-        configure_vcpu(v, i as u8, cfg.vcpus, kernel.entry, cr3, &cpuid).map_err(setup("vCPU"))?;
+        configure_vcpu(
+            v,
+            i as u8,
+            cfg.vcpus,
+            kernel.entry,
+            cr3,
+            &cpuid,
+            tsc_deadline,
+        )
+        .map_err(setup("vCPU"))?;
     }
     Ok(cmdline)
 }
