@@ -255,6 +255,23 @@ pub fn guest_config() -> AgentConfig {
     }
 }
 
+/// PID 1's restore page, mapped from `/dev/mem` and armed. Without it a snapshot of this VM
+/// records no restore page, and restoring it is refused (by the VMM, with the reason).
+fn guest_restore_page() -> Option<crate::restore_page::RestorePage> {
+    let path = std::path::Path::new(crate::restore_page::DEV_MEM);
+    match crate::restore_page::RestorePage::open(path, voidbox_protocol::restore_page::GPA) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            crate::log!(
+                "no restore page ({} at {:#x}: {e}): snapshots of this VM cannot be restored",
+                path.display(),
+                voidbox_protocol::restore_page::GPA
+            );
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,22 +301,5 @@ mod tests {
         assert!(parse_flags(["--listen".to_string()]).is_err());
         assert_eq!(parse_listen("vsock:1234"), Ok(Listen::Vsock(1234)));
         assert!(parse_listen("tcp:1").is_err());
-    }
-}
-
-/// PID 1's restore page, mapped from `/dev/mem` and armed. Without it a snapshot of this VM
-/// records no restore page, and restoring it is refused (by the VMM, with the reason).
-fn guest_restore_page() -> Option<crate::restore_page::RestorePage> {
-    let path = std::path::Path::new(crate::restore_page::DEV_MEM);
-    match crate::restore_page::RestorePage::open(path, voidbox_protocol::restore_page::GPA) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            crate::log!(
-                "no restore page ({} at {:#x}: {e}): snapshots of this VM cannot be restored",
-                path.display(),
-                voidbox_protocol::restore_page::GPA
-            );
-            None
-        }
     }
 }

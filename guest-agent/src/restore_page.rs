@@ -127,7 +127,7 @@ impl RestorePage {
             crate::log!("cannot re-arm the restore page: {e}");
         }
         match r? {
-            Reading::Filled(d) => Ok(Some(d)),
+            Reading::Filled(d) => Ok(Some(*d)),
             Reading::Armed => Ok(None),
         }
     }

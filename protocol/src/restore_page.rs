@@ -215,7 +215,7 @@ fn to_hex(b: &[u8]) -> String {
 
 fn from_hex(s: &str) -> Option<Zeroizing<Vec<u8>>> {
     let s = s.as_bytes();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let val = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
@@ -377,8 +377,8 @@ pub fn fill(
 pub enum Reading {
     /// Still armed with the guest's nonce: no restore happened.
     Armed,
-    /// Filled for this guest: the restore's delivery.
-    Filled(Delivery),
+    /// Filled for this guest: the restore's delivery (boxed: it is large and rare).
+    Filled(Box<Delivery>),
 }
 
 /// Guest side: reads `page` (at least the header; the whole page when filled), armed by this
@@ -419,7 +419,7 @@ pub fn read(page: &[u8], nonce: &[u8; NONCE_LEN]) -> Result<Reading, PageError> 
     if !crate::ct_eq(&found, nonce) {
         return Err(PageError::Nonce);
     }
-    parse_payload(payload).map(Reading::Filled)
+    parse_payload(payload).map(|d| Reading::Filled(Box::new(d)))
 }
 
 fn parse_payload(p: &[u8]) -> Result<Delivery, PageError> {

@@ -29,7 +29,7 @@ fn policy() -> GuestPolicy {
 
 #[test]
 fn layout_fits_below_the_ebda() {
-    assert_eq!(GPA % 4096, 0);
+    assert!(GPA.is_multiple_of(4096));
     assert!(
         GPA + LEN as u64 <= 0x9_f000,
         "the page ends before the EBDA's page"

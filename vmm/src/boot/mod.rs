@@ -45,7 +45,7 @@ pub const HIMEM_START: u64 = 0x10_0000;
 const _: () = assert!(
     RESTORE_PAGE_START + voidbox_protocol::restore_page::LEN as u64 <= (EBDA_START & !0xfff)
         && RESTORE_PAGE_START >= PDE_START + 0x1000
-        && RESTORE_PAGE_START % 0x1000 == 0
+        && RESTORE_PAGE_START.is_multiple_of(0x1000)
 );
 /// Offset of the 64-bit entry point in a loaded bzImage's protected-mode kernel.
 pub const BZIMAGE_64BIT_ENTRY_OFFSET: u64 = 0x200;
