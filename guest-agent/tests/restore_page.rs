@@ -40,13 +40,18 @@ fn grant(secret: &SessionSecret, policy: Option<GuestPolicy>) -> RestoreGrant {
 fn vmm_fill(page: &Path, g: &RestoreGrant) -> Vec<u8> {
     let armed = std::fs::read(page).unwrap();
     let filled = restore_page::fill(&armed, g, NOW).expect("the agent armed its page");
+    overwrite(page, &filled);
+    filled.to_vec()
+}
+
+/// Writes `bytes` at the start of the page file, in place (as the VMM writes guest memory).
+fn overwrite(page: &Path, bytes: &[u8]) {
     std::fs::OpenOptions::new()
         .write(true)
         .open(page)
         .unwrap()
-        .write_all_at(&filled, 0)
+        .write_all_at(bytes, 0)
         .unwrap();
-    filled.to_vec()
 }
 
 /// One write: `Ping` under `secret`, then an exec — what the engine sends first after a
@@ -149,12 +154,7 @@ fn a_stale_page_leaves_an_agent_that_accepts_no_secret() {
     let (pong, _) = ping_and_exec(&agent, &new, "true");
     assert!(matches!(pong, Message::Pong(_)));
     // The same page replayed (filled for the previous arming): stale.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&page)
-        .unwrap()
-        .write_all_at(&filled, 0)
-        .unwrap();
+    overwrite(&page, &filled);
     let (refused, _) = ping_and_exec(&agent, &new, "true");
     let why = unauthorized(&refused);
     assert!(
@@ -176,12 +176,7 @@ fn a_torn_page_is_refused_with_the_reason() {
     let new = SessionSecret::from_bytes([0x22; 32]);
     let mut filled = vmm_fill(&page, &grant(&new, None));
     filled[HEADER_LEN + 5] ^= 0x80;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&page)
-        .unwrap()
-        .write_all_at(&filled, 0)
-        .unwrap();
+    overwrite(&page, &filled);
     let (refused, _) = ping_and_exec(&agent, &new, "true");
     let why = unauthorized(&refused);
     assert!(why.contains("checksum mismatch"), "{why}");

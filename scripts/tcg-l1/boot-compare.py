@@ -3,14 +3,16 @@
 boot comparison as Markdown: per VMM, the phases of every boot (median, min-max) and the
 ratios against Firecracker, per round (the runs are interleaved) and of the medians.
 
-Phases, from the lines boot-timer timestamped (ms since the VMM process was started) and the
-guest agent's boot marks (the guest's uptime at each step, printed with `voidbox.debug=1`):
+Phases, from the lines boot-timer timestamped on the host (ms since the VMM process was
+started) and the guest agent's boot marks (printed with `voidbox.debug=1`):
   total        process start -> the agent's `boot: listening` line reached the host
-  pre-kernel   total - the agent's uptime at `listening` (VMM set-up and loading, before the
-               kernel's clock starts; includes the early-boot time the uptime clock does not
-               count, the same kernel for every VMM)
-  kernel       kernel start -> `agent started` (kernel init, devices, root mounted, init exec)
-  agent        `agent started` -> `listening` (PID 1's mounts, network, vsock listener)
+  pre-kernel   process start -> the vCPUs run the kernel: voidbox's `booting` status event
+               (its own clock), Firecracker's "Successfully started microvm" line (arrival)
+  guest        the rest: kernel boot, devices, root mounted, init, the agent listening
+  agent        of which `agent started` -> `listening` (PID 1's mounts, network, vsock
+               listener; both marks on the guest's clock, so exact)
+The guest's uptime is not used across VMMs: the kernel re-bases its clock during boot
+("sched_clock: Marking stable"), by amounts that differ between VMMs.
 For voidbox, the VMM's own status events split the pre-kernel phase further: process start ->
 config read (`started`), KVM + memory + devices + kernel load (`configured`), vCPUs released
 (`booting`, after seccomp).
@@ -53,6 +55,8 @@ def parse(path):
             cur["marks"][step] = float(up) * 1e3
             if step == "listening":
                 cur["listening_at"] = at
+        if "Successfully started microvm" in text:
+            cur["events"]["running"] = at
         if parts[2] == "o" and text.startswith("{"):
             try:
                 ev = json.loads(text)
@@ -64,22 +68,24 @@ def parse(path):
                 cur["events"]["setup"] = ev.get("setup_us", 0) / 1e3
             elif ev.get("event") == "booting":
                 cur["events"]["booting"] = float(ev.get("ms", 0))
+                cur["events"]["running"] = float(ev.get("ms", 0))
     return runs
 
 
 def phases(run):
     if run["rc"] != 0 or "listening_at" not in run or len(run["marks"]) < 2:
         return None
+    if "running" not in run["events"]:
+        return None
     total = run["listening_at"]
-    up_listen = run["marks"]["listening"]
-    up_agent = run["marks"]["agent started"]
+    running = run["events"]["running"]
     p = {
         "total": total,
-        "pre-kernel": total - up_listen,
-        "kernel": up_agent,
-        "agent": up_listen - up_agent,
+        "pre-kernel": running,
+        "guest": total - running,
+        "agent": run["marks"]["listening"] - run["marks"]["agent started"],
     }
-    p.update({f"vmm {k}": v for k, v in run["events"].items()})
+    p.update({f"vmm {k}": v for k, v in run["events"].items() if k != "running"})
     return p
 
 
@@ -102,8 +108,8 @@ def main():
             by_vmm.setdefault(r["vmm"], []).append((r["round"], p))
     order = [v for v in ("voidbox", "voidbox-before", "firecracker") if v in by_vmm]
     order += [v for v in by_vmm if v not in order]
-    cols = ["pre-kernel", "kernel", "agent", "total"]
-    print("| VMM | boots | pre-kernel (ms) | kernel → init (ms) | init → listening (ms) | total (ms) |")
+    cols = ["pre-kernel", "guest", "agent", "total"]
+    print("| VMM | boots | process start → vCPUs run the kernel (ms) | kernel → agent listening (ms) | … of which init → listening (ms) | total (ms) |")
     print("|---|---:|---:|---:|---:|---:|")
     for v in order:
         ps = [p for _, p in by_vmm[v]]

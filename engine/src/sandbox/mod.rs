@@ -420,18 +420,13 @@ impl Sandbox {
         };
         let done = Instant::now();
         let mut timings = boot_timings(&vmm, t0, connected, done);
-        let mut sb = Sandbox {
-            conn,
+        let vm = Spawned {
             vmm,
             dir,
-            secret: boot_secret,
             vsock_path,
             console_log,
-            timings: BootTimings::default(),
-            stop_grace: cfg.stop_grace,
-            policy: cfg.policy.clone(),
-            restored_from: cfg.restore.as_ref().map(|r| r.dir.clone()),
         };
+        let mut sb = Sandbox::assemble(cfg, vm, conn, boot_secret);
         // Golden creators stay on the boot secret until the snapshot is written.
         if !cfg.snapshot_control {
             let t = Instant::now();
@@ -444,6 +439,27 @@ impl Sandbox {
         }
         sb.timings = timings;
         Ok(sb)
+    }
+
+    /// A sandbox of `cfg` around a started VM and its guest connection.
+    fn assemble(
+        cfg: &SandboxConfig,
+        vm: Spawned,
+        conn: GuestConn,
+        secret: SessionSecret,
+    ) -> Sandbox {
+        Sandbox {
+            conn,
+            vmm: vm.vmm,
+            dir: vm.dir,
+            secret,
+            vsock_path: vm.vsock_path,
+            console_log: vm.console_log,
+            timings: BootTimings::default(),
+            stop_grace: cfg.stop_grace,
+            policy: cfg.policy.clone(),
+            restored_from: cfg.restore.as_ref().map(|r| r.dir.clone()),
+        }
     }
 
     /// Resumes a VM the VMM is restoring: waits for the VMM alone (its restore, and the
@@ -494,24 +510,7 @@ impl Sandbox {
         };
         let ready = Instant::now();
         let mut timings = boot_timings(&vm.vmm, t0, ready, ready);
-        let Spawned {
-            vmm,
-            dir,
-            vsock_path,
-            console_log,
-        } = vm;
-        let mut sb = Sandbox {
-            conn,
-            vmm,
-            dir,
-            secret: grant.secret.clone(),
-            vsock_path,
-            console_log,
-            timings: BootTimings::default(),
-            stop_grace: cfg.stop_grace,
-            policy: cfg.policy.clone(),
-            restored_from: cfg.restore.as_ref().map(|r| r.dir.clone()),
-        };
+        let mut sb = Sandbox::assemble(cfg, vm, conn, grant.secret.clone());
         for (slot, s) in cfg.shares.iter().enumerate() {
             sb.mount_share(slot as u8, &s.guest, s.read_only)?;
         }
