@@ -161,25 +161,44 @@ impl Agent {
             entropy,
             ..
         } = r;
+        self.take_secret(secret, &entropy, unix_time_ns, None)?;
+        crate::debug!(
+            "re-keyed ({:?}): {} entropy bytes, session secret rotated",
+            self.cfg.rekey,
+            entropy.len()
+        );
+        Ok(())
+    }
+
+    /// What a `Rekey` and a restore page both do, in this order: refused unless this agent
+    /// re-keys; the entropy and clock checked; in [`RekeyMode::System`] the kernel RNG
+    /// reseeded, the clock set and the network re-applied (after a snapshot restore: the
+    /// interface as configured, no stale neighbours); `policy` narrowed; and only then
+    /// `secret` in force. On error the old secret is unchanged. The caller holds `rekeying`.
+    fn take_secret(
+        &self,
+        secret: SessionSecret,
+        entropy: &[u8],
+        unix_time_ns: u64,
+        policy: Option<&GuestPolicy>,
+    ) -> Result<(), (ErrorCode, String)> {
         if self.cfg.rekey == RekeyMode::Off {
             return Err((
                 ErrorCode::Unsupported,
                 "re-key is disabled in this agent (a host process started without --rekey)".into(),
             ));
         }
-        rekey::validate(&entropy, unix_time_ns)?;
+        rekey::validate(entropy, unix_time_ns)?;
         if self.cfg.rekey == RekeyMode::System {
-            rekey::apply_system(&entropy, unix_time_ns)?;
-            // After a snapshot restore: the interface as configured, no stale neighbours.
+            rekey::apply_system(entropy, unix_time_ns)?;
             crate::net::reapply(&self.cfg.net)?;
+        }
+        if let Some(p) = policy {
+            self.narrow_policy(p)
+                .map_err(|e| (ErrorCode::InvalidRequest, format!("policy refused: {e}")))?;
         }
         // The old secret is dropped here, which zeroes it.
         *self.secret.write().unwrap_or_else(|e| e.into_inner()) = secret;
-        crate::debug!(
-            "re-keyed ({:?}): {} entropy bytes, session secret rotated",
-            self.cfg.rekey,
-            entropy.len()
-        );
         Ok(())
     }
 
@@ -220,26 +239,16 @@ impl Agent {
             grant,
             unix_time_ns,
         } = d;
-        match self.cfg.rekey {
-            RekeyMode::Off => {
-                return Err("restore page delivered, but this agent does not re-key \
-                            (a host process started without --rekey)"
-                    .into())
-            }
-            RekeyMode::SecretOnly => {}
-            RekeyMode::System => {
-                rekey::apply_system(&grant.entropy, unix_time_ns).map_err(|(_, m)| m)?;
-                crate::net::reapply(&self.cfg.net).map_err(|(_, m)| m)?;
-            }
-        }
-        if let Some(p) = &grant.policy {
-            self.narrow_policy(p)
-                .map_err(|e| format!("restore page policy refused: {e}"))?;
-        }
-        *self.secret.write().unwrap_or_else(|e| e.into_inner()) = grant.secret;
+        let entropy_len = grant.entropy.len();
+        self.take_secret(
+            grant.secret,
+            &grant.entropy,
+            unix_time_ns,
+            grant.policy.as_ref(),
+        )
+        .map_err(|(_, m)| format!("restore page: {m}"))?;
         crate::debug!(
-            "restored: {} entropy bytes, clock set, session secret replaced from the restore page",
-            grant.entropy.len()
+            "restored: {entropy_len} entropy bytes, clock set, session secret replaced from the restore page"
         );
         Ok(())
     }

@@ -189,36 +189,31 @@ fn a_torn_page_is_refused_with_the_reason() {
 fn restore_page_flag_needs_rekey_and_a_whole_page() {
     let dir = tempfile::tempdir().unwrap();
     let page = page_file(dir.path());
-    let out = std::process::Command::new(agent_bin())
-        .args([
-            "--listen",
-            "unix:/nonexistent/s",
-            "--secret-hex",
-            SECRET_HEX,
-            "--no-drop",
-        ])
-        .arg("--restore-page")
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The agent's refusal to start with `flags`: its stderr.
+    let refused = |flags: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(agent_bin())
+            .args([
+                "--listen",
+                "unix:/nonexistent/s",
+                "--secret-hex",
+                SECRET_HEX,
+                "--no-drop",
+            ])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(&["--restore-page".as_ref(), page.as_os_str()]);
     assert!(err.contains("--restore-page needs --rekey"), "{err}");
     let short = dir.path().join("short");
     std::fs::write(&short, [0u8; 100]).unwrap();
-    let out = std::process::Command::new(agent_bin())
-        .args([
-            "--listen",
-            "unix:/nonexistent/s",
-            "--secret-hex",
-            SECRET_HEX,
-            "--no-drop",
-        ])
-        .args(["--rekey", "secret-only", "--restore-page"])
-        .arg(&short)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&[
+        "--rekey".as_ref(),
+        "secret-only".as_ref(),
+        "--restore-page".as_ref(),
+        short.as_os_str(),
+    ]);
     assert!(err.contains("the restore page needs 16384"), "{err}");
 }
