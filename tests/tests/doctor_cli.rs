@@ -288,3 +288,89 @@ fn root_only_dev_kvm_names_group_and_udev_rule() {
     assert!(fix.contains("udevadm trigger"), "{fix}");
     assert!(fix.contains("usermod -aG kvm"), "{fix}");
 }
+
+/// Issue 34, 6.4: a cache directory this user cannot write (a read-only bind mount over it,
+/// which stops root too) is a `cache-writable` warning with the fix, not a silent ✓.
+#[test]
+fn an_unwritable_cache_is_flagged_with_the_fix() {
+    let dir = scratch();
+    let setup = "mkdir -p \"$SCRATCH/cache/voidbox\"\n\
+                 mount --bind \"$SCRATCH/cache\" \"$SCRATCH/cache\"\n\
+                 mount -o remount,bind,ro \"$SCRATCH/cache\"\n\
+                 ! touch \"$SCRATCH/cache/voidbox/probe\" 2>/dev/null";
+    let Some(run) = doctor_in_namespace(setup, dir.path(), "") else {
+        return;
+    };
+    let report = parse(&run);
+    assert_consistent(&run, &report);
+    let c = check(&report, "cache-writable");
+    assert_eq!(c["status"], "warn", "{c}");
+    let detail = c["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("not writable") && detail.contains("Read-only file system"),
+        "{c}"
+    );
+    assert!(detail.contains("boots cold"), "{c}");
+    let fix = c["fix"].as_str().unwrap_or_default();
+    assert!(fix.contains("XDG_CACHE_HOME"), "{fix}");
+    // A writable cache is ok.
+    let fine = scratch();
+    let Some(run) = doctor_in_namespace("true", fine.path(), "") else {
+        return;
+    };
+    let report = parse(&run);
+    assert_eq!(
+        check(&report, "cache-writable")["status"],
+        "ok",
+        "{report:#}"
+    );
+}
+
+/// Issue 34, 6.4: where the cache cannot be written (here a file where its directory should
+/// be), a run warns once, before the VM, with the doctor's fix, and boots cold; it no longer
+/// prints a "no snapshot can serve this VM" line per VM. One cold boot.
+#[test]
+fn an_unwritable_cache_is_warned_once_with_the_fix() {
+    let Some(image) = voidbox_tests::vm::guest_image() else {
+        return;
+    };
+    // The image is taken from its cache as from a bundle: the user's cache is unusable.
+    let bundle = image
+        .vmlinux
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .expect("<cache>/images/<hash>/vmlinux");
+    let dir = scratch();
+    let cache = dir.path().join("cache-file");
+    std::fs::write(&cache, "").expect("write");
+    let started = std::time::Instant::now();
+    let run: Run = Command::new(BIN)
+        .args(["run", "--boot-timeout", "300", "--", "echo", "ran-cold"])
+        .env("NO_COLOR", "1")
+        .env("XDG_CACHE_HOME", &cache)
+        .env("VOIDBOX_BUNDLE_DIR", bundle)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
+        .into();
+    eprintln!("run with an unwritable cache: {:?}", started.elapsed());
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout.trim(), "ran-cold", "{run:?}");
+    assert_eq!(
+        run.stderr.matches("snapshots disabled").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("not writable"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("XDG_CACHE_HOME"),
+        "no fix: {}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("no snapshot can serve"),
+        "{}",
+        run.stderr
+    );
+}

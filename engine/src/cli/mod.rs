@@ -721,14 +721,21 @@ fn dry_run(plan: &Plan, src: &crate::node::refusals::SpecSource, args: &ApplyArg
     ) {
         return code;
     }
-    match crate::sandbox::GuestImage::cached() {
+    // `apply` itself needs /dev/kvm: the same finding and fix as `voidbox doctor`.
+    if let Err(e) = crate::sandbox::check_kvm() {
+        eprintln!("warning: `apply` cannot start VMs here: {e}");
+    }
+    match crate::sandbox::GuestImage::for_checks() {
         Ok(Some(image)) => {
             if let Err(code) = crate::node::prepare::check_image(plan, src, &image, snapshots) {
                 return code;
             }
         }
-        _ => eprintln!(
+        Ok(None) => eprintln!(
             "note: no guest image is cached yet, so `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
+        ),
+        Err(e) => eprintln!(
+            "note: `cli:` skills and `sandbox.snapshot` are checked when `apply` runs: the guest image cannot be looked up ({e})"
         ),
     }
     print!("{}", render(plan, plan_format));

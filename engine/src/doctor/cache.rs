@@ -1,5 +1,6 @@
 //! Cache checks: the guest image (cached and current for this host's profile, or
-//! buildable), the runtimes disk, the golden snapshots, and free space in the cache root.
+//! buildable), the runtimes disk, the golden snapshots, that the snapshot cache is
+//! writable, and free space in the cache root.
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,8 @@ pub const RUNTIMES: &str = "runtimes";
 pub const SNAPSHOTS: &str = "snapshots";
 /// Name of the free space check.
 pub const DISK: &str = "disk-space";
+/// Name of the cache writability check.
+pub const WRITABLE: &str = "cache-writable";
 
 /// Peak space of a first image build: the `linux-source-6.1` tree (≈1.3 GiB unpacked)
 /// plus the objects of the small guest config (≈0.4 GiB) in the cache's `tmp/`; freed
@@ -188,10 +191,13 @@ pub fn image_check(
 
 /// The image bundled beside the executable for the host's profile, if there is one: ok
 /// when it matches its manifest (with its hash), a failure (reinstall) when it does not.
+/// Where the profile is unknown (no usable `/dev/kvm` to probe), every bundled image counts.
 fn bundled_image(profile: HostProfile) -> Option<(Check, Option<String>)> {
-    let want = profile?;
     let usable = |i: &crate::image::cache::CachedImage| {
         GuestImage::from_cached(&i.dir, &i.manifest).is_some()
+    };
+    let Some(want) = profile else {
+        return bundled_any_profile(usable);
     };
     let (check, hash) = match crate::image::bundle::find(want, usable) {
         Ok(None) => return None,
@@ -221,6 +227,72 @@ fn bundled_image(profile: HostProfile) -> Option<(Check, Option<String>)> {
         ),
     };
     Some((check, hash))
+}
+
+/// The bundled images of every profile, for a host whose profile is unknown: ok (nothing to
+/// build once `/dev/kvm` is usable; the `kvm` check says how), with the first one's hash.
+fn bundled_any_profile(
+    usable: impl Fn(&crate::image::cache::CachedImage) -> bool,
+) -> Option<(Check, Option<String>)> {
+    match crate::image::bundle::find_all(usable) {
+        Ok(images) => {
+            let first = images.first()?;
+            let list: Vec<String> = images
+                .iter()
+                .map(|i| {
+                    let m = &i.manifest;
+                    format!("{} ({})", m.hash.get(..12).unwrap_or(&m.hash), m.profile)
+                })
+                .collect();
+            let dir = first.dir.parent().unwrap_or(&first.dir);
+            Some((
+                Check::ok(
+                    IMAGE,
+                    format!(
+                        "image {} bundled in {} (verified): nothing to build; which one boots is \
+                         decided once /dev/kvm is usable (see the kvm check)",
+                        list.join(", "),
+                        dir.display()
+                    ),
+                ),
+                Some(first.manifest.hash.clone()),
+            ))
+        }
+        Err(e) => Some((
+            Check::fail(
+                IMAGE,
+                format!("the bundled guest image is unusable: {e}"),
+                "reinstall voidbox (or unset VOIDBOX_BUNDLE_DIR)",
+            ),
+            None,
+        )),
+    }
+}
+
+/// Can golden snapshots be saved and locked in the cache? Where they cannot, every VM boots
+/// cold (a warning: VMs still run).
+pub fn writable_check(root: &Result<PathBuf, String>) -> Check {
+    let root = match root {
+        Ok(r) => r,
+        Err(e) => return no_root(WRITABLE, e).with_status(Status::Warn),
+    };
+    match store::write_problem(&root.join("snapshots")) {
+        None => Check::ok(
+            WRITABLE,
+            format!(
+                "{} is writable: golden snapshots can be made and restored",
+                root.display()
+            ),
+        ),
+        Some((why, fix)) => Check::warn(
+            WRITABLE,
+            format!(
+                "{why}: no golden snapshot can be made or restored, so every VM boots cold \
+                 (several times slower: ≈9× for a fan-out on an emulating KVM)"
+            ),
+            fix,
+        ),
+    }
 }
 
 /// Is the runtimes disk of the pinned agent CLIs cached (no network)?

@@ -8,7 +8,7 @@
 //! | check | module |
 //! |---|---|
 //! | `kvm`, `kvm-speed` | [`kvm`] |
-//! | `guest-image`, `runtimes`, `snapshots`, `disk-space` | [`cache`] |
+//! | `guest-image`, `runtimes`, `snapshots`, `cache-writable`, `disk-space` | [`cache`] |
 //! | `memory`, `tools-*` | [`host`] |
 
 pub mod cache;
@@ -32,6 +32,7 @@ pub const CHECK_NAMES: &[&str] = &[
     cache::IMAGE,
     cache::RUNTIMES,
     cache::SNAPSHOTS,
+    cache::WRITABLE,
     cache::DISK,
     host::MEMORY,
     host::TOOLS_IMAGE,
@@ -212,6 +213,7 @@ pub fn run_checks(cache_root: Result<PathBuf, String>) -> Report {
         image.check,
         runtimes.check,
         snapshots,
+        cache::writable_check(&cache_root),
         disk,
         host::memory_check(crate::apply::mem_available_mb()),
         host::tools_image_check(&build, image.present),

@@ -298,3 +298,37 @@ fn every_check_runs_in_order() {
     }
     assert_eq!(r.ok, r.checks.iter().all(|c| c.status != Status::Fail));
 }
+
+#[test]
+fn the_cache_must_be_writable_for_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    // Not made yet, under a writable directory: fine, and probing it leaves nothing behind.
+    let fresh: Result<PathBuf, String> = Ok(dir.path().join("not-yet/voidbox"));
+    let ok = cache::writable_check(&fresh);
+    assert_eq!(ok.status, Status::Ok, "{ok:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // A file where the cache directory should be (root cannot be kept out by a mode here).
+    let file = dir.path().join("cache-file");
+    std::fs::write(&file, "").unwrap();
+    let blocked: Result<PathBuf, String> = Ok(file.join("voidbox"));
+    let warn = cache::writable_check(&blocked);
+    assert_eq!(warn.status, Status::Warn, "{warn:?}");
+    assert!(warn.detail.contains("not writable"), "{}", warn.detail);
+    assert!(warn.detail.contains("boots cold"), "{}", warn.detail);
+    assert!(
+        warn.fix
+            .as_deref()
+            .unwrap_or_default()
+            .contains("XDG_CACHE_HOME"),
+        "{warn:?}"
+    );
+    // The snapshot layer asks the same question.
+    let (why, fix) =
+        crate::snapshot::store::write_problem(&file.join("voidbox/snapshots")).unwrap();
+    assert!(why.contains(&file.display().to_string()), "{why}");
+    assert_eq!(Some(fix), warn.fix);
+    assert_eq!(
+        cache::writable_check(&Err("no HOME".into())).status,
+        Status::Warn
+    );
+}

@@ -89,6 +89,22 @@ pub fn find(
     Ok(Some(image))
 }
 
+/// Every bundled image `usable` accepts, of any profile, verified (plain first): what the
+/// bundle offers where the host's profile is unknown (no usable `/dev/kvm` to probe with).
+/// An image that fails verification is an error, as in [`find`].
+pub fn find_all(usable: impl Fn(&CachedImage) -> bool) -> Result<Vec<CachedImage>, ImageError> {
+    let Some(bundle) = cache()? else {
+        return Ok(Vec::new());
+    };
+    let (mut images, _broken) = bundle.list()?;
+    images.retain(|i| usable(i));
+    images.sort_by_key(|i| i.manifest.profile != Profile::Plain);
+    for i in &images {
+        verify_artifacts(&i.dir, &i.manifest)?;
+    }
+    Ok(images)
+}
+
 /// Re-hashes every artifact the manifest lists (size and SHA-256).
 ///
 /// This is the cheap half of `voidbox image verify` (no fsck of the disk): ≈40 ms for both

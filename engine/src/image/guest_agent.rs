@@ -1,7 +1,8 @@
 //! Finding (or building) the static guest agent binary that becomes `/init`.
 //!
 //! Order: an explicit path (`--guest-agent`), `$VOIDBOX_GUEST_AGENT`, a build from
-//! the voidbox source tree this binary was compiled from (`cargo build -p
+//! the voidbox source tree this binary was compiled from, when it runs from that tree's
+//! `target/` ([`source_tree`]; `cargo build -p
 //! voidbox-guest-agent --release --target x86_64-unknown-linux-gnu`, statically linked,
 //! size-optimised with [`AGENT_PROFILE`], into `target/guest` so host builds are not
 //! invalidated), and finally `voidbox-guest-agent` next to the running executable.
@@ -45,12 +46,22 @@ pub fn mock_llm_beside(agent: &Path) -> Option<PathBuf> {
         .filter(|p| p.is_file())
 }
 
-/// The voidbox source tree this binary was built from, if it is still there.
+/// The voidbox source tree this binary was built from, when it runs from that tree's
+/// `target/` (a development build); `None` for a relocated binary (a release tarball, a
+/// wheel, `cargo install`), which never looks at its build machine's paths.
 pub fn source_tree() -> Option<PathBuf> {
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()?
-        .to_path_buf();
-    ws.join("guest-agent/Cargo.toml").is_file().then_some(ws)
+    let exe = std::env::current_exe().ok()?;
+    source_tree_of(&exe, Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The workspace above `manifest_dir` (the engine crate's directory at build time) when
+/// `exe` lies inside its `target/` directory and the workspace still has the guest agent.
+pub fn source_tree_of(exe: &Path, manifest_dir: &Path) -> Option<PathBuf> {
+    let ws = manifest_dir.parent()?.to_path_buf();
+    let ws = ws.canonicalize().unwrap_or(ws);
+    let exe = exe.canonicalize().unwrap_or_else(|_| exe.to_path_buf());
+    (exe.starts_with(ws.join("target")) && ws.join("guest-agent/Cargo.toml").is_file())
+        .then_some(ws)
 }
 
 /// Resolves the guest agent binary; `log` gets progress lines.
@@ -68,7 +79,8 @@ pub fn resolve(explicit: Option<&Path>, log: &mut dyn FnMut(&str)) -> Result<Pat
                 .filter(|p| p.is_file())
                 .ok_or_else(|| {
                     ImageError::Environment(format!(
-                        "no guest agent binary: pass --guest-agent PATH or set {AGENT_ENV}"
+                        "no guest agent binary ({AGENT_PACKAGE} is not beside this voidbox): \
+                         pass --guest-agent PATH or set {AGENT_ENV}"
                     ))
                 })?,
         },
@@ -196,6 +208,25 @@ mod tests {
         }
         assert!(has_interpreter(b"#!/bin/sh").is_err());
         assert!(has_interpreter(b"\x7fELF\x02").is_err());
+    }
+
+    #[test]
+    fn the_source_tree_is_used_only_from_its_own_target_dir() {
+        let ws = tempfile::tempdir().unwrap();
+        let root = ws.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("guest-agent")).unwrap();
+        std::fs::write(root.join("guest-agent/Cargo.toml"), "").unwrap();
+        let engine = root.join("engine");
+        let inside = root.join("target/release/voidbox");
+        assert_eq!(source_tree_of(&inside, &engine), Some(root.clone()));
+        // A relocated binary (a release tarball, `cargo install`) never uses it.
+        for elsewhere in ["/opt/voidbox/bin/voidbox", "/usr/local/bin/voidbox"] {
+            assert_eq!(source_tree_of(Path::new(elsewhere), &engine), None);
+        }
+        assert_eq!(source_tree_of(&root.join("engine/voidbox"), &engine), None);
+        // A tree without the guest agent is not a voidbox source tree.
+        std::fs::remove_file(root.join("guest-agent/Cargo.toml")).unwrap();
+        assert_eq!(source_tree_of(&inside, &engine), None);
     }
 
     #[test]

@@ -31,10 +31,11 @@ pub struct GuestImage {
 
 impl GuestImage {
     /// The image a cached manifest describes, if it has the current layout (kernel + system
-    /// disk) and was built from this build's recipe (kernel patches, config fragments): an
-    /// image from an older recipe or layout is never used silently.
+    /// disk) and was built from this build's recipe (kernel patches, config fragments, a
+    /// busybox whose `wget -T` works): an image from an older recipe or layout is never used
+    /// silently ([`image::build::stale_reason`]).
     pub fn from_cached(dir: &std::path::Path, m: &image::Manifest) -> Option<GuestImage> {
-        if !m.is_current_layout() || !image::build::recipe_matches(&m.kernel_inputs) {
+        if image::build::stale_reason(m).is_some() {
             return None;
         }
         let disk = m.system_disk.as_ref()?;
@@ -88,6 +89,23 @@ impl GuestImage {
             .filter(|i| i.manifest.profile == profile)
             .find_map(usable)
             .map(|g| (g, ImageSource::Cached)))
+    }
+
+    /// The image `apply --dry-run` checks a plan against, building nothing: the one
+    /// [`GuestImage::cached`] finds where `/dev/kvm` is usable; where it is not (so the
+    /// host's profile cannot be probed), a bundled image of either profile, else a cached
+    /// one (the profiles differ in their kernel only, not in the programs on the disk).
+    pub fn for_checks() -> Result<Option<GuestImage>, SandboxError> {
+        if super::kvm_access::access().is_ok() {
+            return GuestImage::cached();
+        }
+        let usable = |i: &image::cache::CachedImage| GuestImage::from_cached(&i.dir, &i.manifest);
+        let bundled = image::bundle::find_all(|i| usable(i).is_some()).map_err(env)?;
+        if let Some(g) = bundled.first().and_then(usable) {
+            return Ok(Some(g));
+        }
+        let (images, _broken) = Cache::open(None).map_err(env)?.list().map_err(env)?;
+        Ok(images.iter().find_map(usable))
     }
 
     /// The cached image, or one built now (minutes; progress on stderr per `progress`).

@@ -24,6 +24,7 @@ pub mod disks;
 pub mod error;
 pub mod guest;
 pub mod image;
+pub mod kvm_access;
 pub mod shares;
 pub mod status;
 pub mod vmm_process;
@@ -272,26 +273,10 @@ fn restore_grant(policy: Option<GuestPolicy>) -> Result<RestoreGrant, SandboxErr
         .map_err(|e| SandboxError::Environment(format!("cannot restore this VM: {e}")))
 }
 
-/// Checks that `/dev/kvm` can be opened read-write.
+/// Checks that `/dev/kvm` can be opened read-write; the error carries the same finding and
+/// fix as `voidbox doctor`'s `kvm` check ([`kvm_access::access`]).
 pub fn check_kvm() -> Result<(), SandboxError> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(SandboxError::Environment(
-            "KVM is not available: /dev/kvm does not exist\n  help: run on a Linux host with hardware virtualisation (or nested KVM) enabled and the kvm module loaded".into(),
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            Err(SandboxError::Environment(
-                "no permission to open /dev/kvm\n  help: add your user to the `kvm` group (`sudo usermod -aG kvm $USER`, then log in again)".into(),
-            ))
-        }
-        Err(e) => Err(SandboxError::Environment(format!(
-            "cannot open /dev/kvm: {e}"
-        ))),
-    }
+    kvm_access::access().map_err(|p| SandboxError::Environment(p.to_string()))
 }
 
 /// Kernel parameters for the VMM's `cmdline_extra`: the image's own flags the VMM does not

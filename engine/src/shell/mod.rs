@@ -11,8 +11,8 @@
 //! An agent opens its own runtime (Claude Code's or Codex's terminal UI) instead, set up as
 //! `voidbox apply` sets up an agent box ([`agent`]): the runtimes disk, the credential
 //! gateway (the key stays on the host), the kit and the runtime's configuration, the spec's
-//! prompt as the first message, `/workspace` as the working directory (`--workdir`
-//! overrides it). `--program`/`--arg` are refused with an agent (exit 2): the terminal
+//! prompt as the first message, the image's `WorkingDir` (else `/workspace`) as the working
+//! directory (`--workdir` overrides it). `--program`/`--arg` are refused with an agent (exit 2): the terminal
 //! runs the runtime. `--env` and the spec's variables reach the runtime except those it
 //! sets itself. At the end the gateway's counters are printed to stderr.
 //!
@@ -36,6 +36,7 @@ use voidbox_protocol::{ErrorCode, PtyOpen};
 
 use crate::limits::Timeout;
 use crate::mount_flag::{self as mounts, HostMount};
+use crate::node::oci_images::NodeVm;
 use crate::node::prepare::{Checks, Purpose};
 use crate::node::refusals::SpecSource;
 use crate::output::ProgressMode;
@@ -331,36 +332,56 @@ struct AgentVm {
     gateway_port: u16,
 }
 
+/// The spec's node prepared as `apply` prepares it (image pulled and converted, boot
+/// override, disks, the image's `Env` and `WorkingDir`); `None` without a spec.
+fn node_vm(
+    setup: &Setup,
+    plan: Option<&Plan>,
+    base: &GuestImage,
+) -> Result<Option<NodeVm>, SandboxError> {
+    let (Some(node), Some(plan)) = (&setup.node, plan) else {
+        return Ok(None);
+    };
+    let mut vms =
+        crate::node::oci_images::prepare(plan, base, None, ProgressMode::Auto).map_err(|e| {
+            SandboxError::Environment(match e {
+                Ok(refusals) => refusals
+                    .iter()
+                    .map(|r| r.message.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                Err(msg) => msg,
+            })
+        })?;
+    Ok(vms.remove(&node.name))
+}
+
+/// Where an agent's runtime starts: `--workdir`, else the image's `WorkingDir` (as `apply`
+/// runs an agent in an image), else `/workspace`.
+fn agent_workdir<'a>(flag: Option<&'a str>, vm: Option<&'a NodeVm>) -> &'a str {
+    flag.or_else(|| vm.and_then(|v| v.workdir.as_deref()))
+        .unwrap_or(crate::node::launch::WORKDIR)
+}
+
 /// The VM's settings: the defaults of `voidbox run`, else the spec's node as `apply` would
-/// prepare it (image, boot override, disks, image environment), then the flags; `program`
-/// is what the terminal runs (the guest policy allows it), `agent` what an agent adds.
+/// prepare it (`vm`: image, boot override, disks, image environment), then the flags;
+/// `program` is what the terminal runs (the guest policy allows it), `agent` what an agent
+/// adds.
 fn vm_config(
     args: &ShellArgs,
     setup: &Setup,
-    plan: Option<&Plan>,
+    vm: Option<&NodeVm>,
     base: GuestImage,
     program: &str,
     agent: Option<AgentVm>,
 ) -> Result<(SandboxConfig, Program), SandboxError> {
-    let mut cfg = SandboxConfig::new(base.clone());
+    let mut cfg = SandboxConfig::new(base);
     let mut p = Program {
         env: Vec::new(),
         workdir: args.workdir.clone(),
     };
-    if let (Some(node), Some(plan)) = (&setup.node, plan) {
-        let vms = crate::node::oci_images::prepare(plan, &base, None, ProgressMode::Auto).map_err(
-            |e| {
-                SandboxError::Environment(match e {
-                    Ok(refusals) => refusals
-                        .iter()
-                        .map(|r| r.message.as_str())
-                        .collect::<Vec<_>>()
-                        .join("\n"),
-                    Err(msg) => msg,
-                })
-            },
-        )?;
-        if let Some(vm) = vms.get(&node.name) {
+    if let Some(node) = &setup.node {
+        if let Some(vm) = vm {
             if let Some(image) = &vm.image {
                 cfg.image = image.clone();
             }
@@ -418,13 +439,12 @@ fn run(
             });
         }
     }
-    // An agent's host side first: runtimes disk, gateway, kit (nothing in a VM yet).
+    // The node as `apply` prepares it (its image pulled and converted), then an agent's
+    // host side: runtimes disk, gateway, kit (nothing in a VM yet).
+    let vm = node_vm(&setup, plan, &base)?;
     let session = match (&agent, plan, &setup.node) {
         (Some(a), Some(plan), Some(node)) => {
-            let workdir = args
-                .workdir
-                .as_deref()
-                .unwrap_or(crate::node::launch::WORKDIR);
+            let workdir = agent_workdir(args.workdir.as_deref(), vm.as_ref());
             Some(a.prepare(plan, node, workdir)?)
         }
         _ => None,
@@ -440,7 +460,7 @@ fn run(
         disk: s.disk.clone(),
         gateway_port: s.gateway.port(),
     });
-    let (cfg, vm_program) = vm_config(args, &setup, plan, base, &program, extra)?;
+    let (cfg, vm_program) = vm_config(args, &setup, vm.as_ref(), base, &program, extra)?;
     let named = setup
         .node
         .as_ref()

@@ -313,10 +313,11 @@ fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
             disk: disk.clone(),
             gateway_port: 4321,
         };
+        let node = node_vm(&setup, Some(&plan), &base).unwrap();
         vm_config(
             &a,
             &setup,
-            Some(&plan),
+            node.as_ref(),
             base.clone(),
             crate::runtimes::CLAUDE_BIN,
             Some(agent),
@@ -356,4 +357,21 @@ fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
         cfg.policy.unwrap().allowlist.unwrap(),
         [crate::runtimes::CLAUDE_BIN.to_string(), "git".into()]
     );
+}
+
+#[test]
+fn an_agent_starts_in_the_flag_s_dir_else_the_image_s_working_dir_else_workspace() {
+    use crate::node::oci_images::NodeVm;
+    let image = NodeVm {
+        workdir: Some("/srv/project".into()),
+        ..NodeVm::default()
+    };
+    let bare = NodeVm::default();
+    assert_eq!(agent_workdir(Some("/tmp/w"), Some(&image)), "/tmp/w");
+    assert_eq!(agent_workdir(None, Some(&image)), "/srv/project");
+    assert_eq!(
+        agent_workdir(None, Some(&bare)),
+        crate::node::launch::WORKDIR
+    );
+    assert_eq!(agent_workdir(None, None), crate::node::launch::WORKDIR);
 }

@@ -456,7 +456,16 @@ impl Snapshots {
         let max_bytes = store::max_bytes()?;
         let store = if enabled {
             match Store::open(None) {
-                Ok(s) => Some(s),
+                // An unwritable cache would fail every VM's lock: say so once, with the fix.
+                Ok(s) => match store::write_problem(s.root()) {
+                    None => Some(s),
+                    Some((why, fix)) => {
+                        notice(&format!(
+                            "warning: snapshots disabled: {why}; every VM boots cold (several times slower)\n  help: {fix}"
+                        ));
+                        None
+                    }
+                },
                 Err(e) => {
                     notice(&format!("snapshots disabled ({e}); every VM boots cold"));
                     None

@@ -220,6 +220,46 @@ pub struct EntryLock {
     _file: File,
 }
 
+/// Why the golden snapshot cache at `snapshots` (`<cache>/snapshots`) cannot be written by
+/// this process, and the fix; `None` when it can. Each directory a VM start writes
+/// (`snapshots/`, `snapshots/locks/`) is tried with a file created and removed there, or,
+/// where it does not exist yet, in its nearest existing ancestor (where it would be made).
+/// `voidbox doctor` and every `apply`/`run`/`shell` (once, before any VM) ask this.
+pub fn write_problem(snapshots: &Path) -> Option<(String, String)> {
+    for dir in [snapshots.to_path_buf(), snapshots.join("locks")] {
+        let mut at = dir.as_path();
+        while std::fs::symlink_metadata(at).is_err() {
+            at = at.parent()?;
+        }
+        let probe = at.join(format!(".voidbox-write-test-{}", std::process::id()));
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe);
+        match made {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+            }
+            Err(e) => {
+                let root = snapshots.parent().unwrap_or(snapshots);
+                let why = format!(
+                    "the cache {} is not writable (creating a file in {}: {e})",
+                    root.display(),
+                    at.display()
+                );
+                let fix = format!(
+                    "make {} a directory this user can write (`sudo chown -R $(id -u):$(id -g) {}`), \
+                     or point XDG_CACHE_HOME at one",
+                    root.display(),
+                    root.display()
+                );
+                return Some((why, fix));
+            }
+        }
+    }
+    None
+}
+
 /// The snapshot cache.
 #[derive(Debug, Clone)]
 pub struct Store {
