@@ -31,7 +31,7 @@ impl Nat {
             self.feed(frame, now);
             return;
         }
-        if let Err(reason) = self.policy.route(e.dst, 0, Protocol::Icmp) {
+        if let Err(reason) = self.policy.route(e.dst, 0, Protocol::Icmp, now) {
             self.deny(e.dst.to_string(), 0, Protocol::Icmp, reason);
             self.icmp_prohibited(e);
             return;

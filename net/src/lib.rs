@@ -106,6 +106,8 @@ pub mod fuzz;
 #[cfg(feature = "nat")]
 mod host;
 #[cfg(feature = "nat")]
+mod host_addrs;
+#[cfg(feature = "nat")]
 mod icmp;
 #[cfg(feature = "nat")]
 mod inbound;

@@ -60,6 +60,9 @@ impl Nat {
             config.dns_upstreams.clone()
         };
         let inbound = inbound::bind(&config.publish, &config.publish_unix)?;
+        let host_addrs = crate::host_addrs::HostAddrs::open().map_err(|e| {
+            std::io::Error::new(e.kind(), format!("reading the host's own addresses: {e}"))
+        })?;
         let epoch = Instant::now();
         let mut rng = Rng::seeded();
         let mut phy = phy::Phy::new(TO_GUEST_QUEUE, TO_GUEST_QUEUE_BYTES);
@@ -80,7 +83,7 @@ impl Nat {
             iface,
             sockets: SocketSet::new(Vec::new()),
             phy,
-            policy: policy::PolicyState::new(&config.policy),
+            policy: policy::PolicyState::new(&config.policy, host_addrs),
             denials: denials::DenialLog::new(MAX_DENIAL_ENTRIES),
             tcp_pending: BTreeMap::new(),
             tcp: BTreeMap::new(),

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 
+use crate::host_addrs::HostAddrs;
 use crate::{NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP, MAX_PINNED};
 
 /// The reasons in [`crate::Denial::reason`] (short fixed strings).
@@ -33,8 +34,21 @@ pub mod reasons {
     pub const CGNAT: &str = "cgnat range";
     /// 224/4, ff00::/8.
     pub const MULTICAST: &str = "multicast";
-    /// 0/8, 240/4, 255.255.255.255, `::`.
+    /// 240/4 (reserved for future use), `::`.
     pub const RESERVED: &str = "reserved range";
+    /// 0/8, "this network" (Linux connects 0.0.0.0 to the host itself).
+    pub const THIS_NETWORK: &str = "this network";
+    /// 255.255.255.255.
+    pub const LIMITED_BROADCAST: &str = "limited broadcast";
+    /// 192.0.0.0/24, IETF protocol assignments.
+    pub const PROTOCOL_ASSIGNMENTS: &str = "protocol assignments";
+    /// 192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24 (TEST-NET-1, -2, -3).
+    pub const DOCUMENTATION: &str = "documentation range";
+    /// 198.18.0.0/15, benchmarking.
+    pub const BENCHMARKING: &str = "benchmarking range";
+    /// An address of one of the host's own interfaces (read when the NAT starts, re-read
+    /// before new flows). Opened only by an `allow` entry naming exactly that address.
+    pub const HOST: &str = "host";
     /// `::ffff:0:0/96`.
     pub const IPV4_MAPPED: &str = "ipv4-mapped";
     /// `allow_domains` is set and the address was not resolved for an allowed name.
@@ -86,10 +100,12 @@ pub(crate) struct PolicyState {
     max_connections: usize,
     bucket: TokenBucket,
     public_egress: bool,
+    host: HostAddrs,
 }
 
 impl PolicyState {
-    pub(crate) fn new(policy: &NetworkPolicy) -> PolicyState {
+    /// The policy, with `host` as the host's own addresses.
+    pub(crate) fn new(policy: &NetworkPolicy, host: HostAddrs) -> PolicyState {
         let domains = policy
             .allow_domains
             .iter()
@@ -113,16 +129,20 @@ impl PolicyState {
             max_connections: usize::try_from(policy.max_connections).unwrap_or(usize::MAX),
             bucket: TokenBucket::new(policy.connections_per_second),
             public_egress: policy.public_egress,
+            host,
         }
     }
 
     /// Where a new guest flow to `dst:port` goes, or why it is denied (steps 1–7 of the
-    /// policy order; the caps are [`PolicyState::admit`]). ICMP passes `port` 0.
+    /// policy order; the caps are [`PolicyState::admit`]). ICMP passes `port` 0. The host's
+    /// addresses are re-read first when the last read is older than
+    /// [`crate::host_addrs::REFRESH`].
     pub(crate) fn route(
-        &self,
+        &mut self,
         dst: Ipv4Addr,
         port: u16,
         protocol: Protocol,
+        now: Instant,
     ) -> Result<Route, &'static str> {
         let icmp = protocol == Protocol::Icmp;
         if dst == GATEWAY_IP {
@@ -152,6 +172,10 @@ impl PolicyState {
         if self.deny.iter().any(|n| n.contains(&ip)) {
             return Err(reasons::DENY_LIST);
         }
+        self.host.refresh(now);
+        if self.host_denied(ip) {
+            return Err(reasons::HOST);
+        }
         if let Some(reason) = default_deny(ip) {
             if !self.allow.iter().any(|n| n.contains(&ip)) {
                 return Err(reason);
@@ -166,10 +190,22 @@ impl PolicyState {
     /// Whether a DNS answer pointing at `ip` is removed: a `deny` match, or a default-deny
     /// range not exempted by `allow`.
     pub(crate) fn address_denied(&self, ip: IpAddr) -> bool {
-        if self.deny.iter().any(|n| n.contains(&ip)) {
+        if self.deny.iter().any(|n| n.contains(&ip)) || self.host_denied(ip) {
             return true;
         }
         default_deny(ip).is_some() && !self.allow.iter().any(|n| n.contains(&ip))
+    }
+
+    /// A host address not named alone by an `allow` entry (`HOST/32`): a range that
+    /// happens to contain the host, such as `0.0.0.0/0` or `10.0.0.0/8`, does not open it.
+    /// Loopback addresses keep their own reason ([`reasons::LOOPBACK`]) and rule.
+    fn host_denied(&self, ip: IpAddr) -> bool {
+        !ip.is_loopback()
+            && self.host.contains(ip)
+            && !self
+                .allow
+                .iter()
+                .any(|n| n.prefix_len() == n.max_prefix_len() && n.addr() == ip)
     }
 
     /// False when `public_egress` is off (DNS questions are answered REFUSED).
@@ -234,7 +270,7 @@ pub(crate) fn default_deny(ip: IpAddr) -> Option<&'static str> {
 fn default_deny_v4(ip: Ipv4Addr) -> Option<&'static str> {
     let [a, b, c, d] = ip.octets();
     match (a, b) {
-        (0, _) => Some(reasons::RESERVED),
+        (0, _) => Some(reasons::THIS_NETWORK),
         (127, _) => Some(reasons::LOOPBACK),
         (10, _) => Some(reasons::PRIVATE_RANGE),
         (172, 16..=31) => Some(reasons::PRIVATE_RANGE),
@@ -242,7 +278,13 @@ fn default_deny_v4(ip: Ipv4Addr) -> Option<&'static str> {
         (169, 254) if (c, d) == (169, 254) => Some(reasons::METADATA),
         (169, 254) => Some(reasons::LINK_LOCAL),
         (100, 64..=127) => Some(reasons::CGNAT),
+        (192, 0) if c == 0 => Some(reasons::PROTOCOL_ASSIGNMENTS),
+        (192, 0) if c == 2 => Some(reasons::DOCUMENTATION),
+        (198, 51) if c == 100 => Some(reasons::DOCUMENTATION),
+        (203, 0) if c == 113 => Some(reasons::DOCUMENTATION),
+        (198, 18..=19) => Some(reasons::BENCHMARKING),
         (224..=239, _) => Some(reasons::MULTICAST),
+        (255, 255) if (c, d) == (255, 255) => Some(reasons::LIMITED_BROADCAST),
         (240..=255, _) => Some(reasons::RESERVED),
         _ => None,
     }
@@ -338,34 +380,47 @@ mod tests {
     use std::time::Duration;
 
     fn state(policy: NetworkPolicy) -> PolicyState {
-        PolicyState::new(&policy)
+        PolicyState::new(&policy, HostAddrs::fixed(&[]))
     }
 
     #[test]
     fn order_gateway_dns_guest_net() {
-        let p = state(NetworkPolicy {
+        let mut p = state(NetworkPolicy {
             allow_host_ports: vec![8080],
             ..NetworkPolicy::default()
         });
         assert_eq!(
-            p.route(GATEWAY_IP, 8080, Protocol::Tcp),
+            p.route(GATEWAY_IP, 8080, Protocol::Tcp, Instant::now()),
             Ok(Route::Host(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080)))
         );
         assert_eq!(
-            p.route(GATEWAY_IP, 22, Protocol::Tcp),
+            p.route(GATEWAY_IP, 22, Protocol::Tcp, Instant::now()),
             Err(reasons::HOST_PORT_NOT_ALLOWED)
         );
-        assert_eq!(p.route(DNS_IP, 53, Protocol::Udp), Ok(Route::Dns));
         assert_eq!(
-            p.route(DNS_IP, 54, Protocol::Udp),
+            p.route(DNS_IP, 53, Protocol::Udp, Instant::now()),
+            Ok(Route::Dns)
+        );
+        assert_eq!(
+            p.route(DNS_IP, 54, Protocol::Udp, Instant::now()),
             Err(reasons::NOT_DNS_PORT)
         );
         assert_eq!(
-            p.route(Ipv4Addr::new(10, 0, 2, 9), 80, Protocol::Tcp),
+            p.route(
+                Ipv4Addr::new(10, 0, 2, 9),
+                80,
+                Protocol::Tcp,
+                Instant::now()
+            ),
             Err(reasons::GUEST_NETWORK)
         );
         assert_eq!(
-            p.route(Ipv4Addr::new(93, 184, 216, 34), 443, Protocol::Tcp),
+            p.route(
+                Ipv4Addr::new(93, 184, 216, 34),
+                443,
+                Protocol::Tcp,
+                Instant::now()
+            ),
             Ok(Route::Outside(SocketAddrV4::new(
                 Ipv4Addr::new(93, 184, 216, 34),
                 443
@@ -375,7 +430,7 @@ mod tests {
 
     #[test]
     fn default_denies_and_allow_exceptions() {
-        let p = state(NetworkPolicy::default());
+        let mut p = state(NetworkPolicy::default());
         for (ip, reason) in [
             ("127.0.0.1", reasons::LOOPBACK),
             ("10.1.2.3", reasons::PRIVATE_RANGE),
@@ -385,11 +440,25 @@ mod tests {
             ("169.254.1.1", reasons::LINK_LOCAL),
             ("100.64.0.1", reasons::CGNAT),
             ("224.0.0.251", reasons::MULTICAST),
-            ("255.255.255.255", reasons::RESERVED),
-            ("0.1.2.3", reasons::RESERVED),
+            ("255.255.255.255", reasons::LIMITED_BROADCAST),
+            ("255.255.255.254", reasons::RESERVED),
+            ("240.0.0.1", reasons::RESERVED),
+            ("0.1.2.3", reasons::THIS_NETWORK),
+            ("0.0.0.0", reasons::THIS_NETWORK),
+            ("192.0.0.8", reasons::PROTOCOL_ASSIGNMENTS),
+            ("192.0.2.2", reasons::DOCUMENTATION),
+            ("198.51.100.9", reasons::DOCUMENTATION),
+            ("203.0.113.7", reasons::DOCUMENTATION),
+            ("198.18.0.1", reasons::BENCHMARKING),
+            ("198.19.255.255", reasons::BENCHMARKING),
+            ("239.255.255.250", reasons::MULTICAST),
         ] {
             let ip: Ipv4Addr = ip.parse().unwrap();
-            assert_eq!(p.route(ip, 80, Protocol::Tcp), Err(reason), "{ip}");
+            assert_eq!(
+                p.route(ip, 80, Protocol::Tcp, Instant::now()),
+                Err(reason),
+                "{ip}"
+            );
             assert!(p.address_denied(IpAddr::V4(ip)), "{ip}");
         }
         for ip in [
@@ -405,8 +474,28 @@ mod tests {
         assert!(!p.address_denied("2606:4700::1111".parse().unwrap()));
         assert!(!p.address_denied("1.1.1.1".parse().unwrap()));
         assert!(!p.address_denied("172.32.0.1".parse().unwrap()));
+        // The neighbours of the special-purpose ranges are public.
+        for ip in [
+            "192.0.1.255",
+            "192.0.3.0",
+            "192.0.1.1",
+            "198.51.99.1",
+            "198.51.101.1",
+            "203.0.112.1",
+            "203.0.114.1",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+        ] {
+            let ip: Ipv4Addr = ip.parse().unwrap();
+            assert!(!p.address_denied(IpAddr::V4(ip)), "{ip}");
+            assert!(
+                p.route(ip, 80, Protocol::Tcp, Instant::now()).is_ok(),
+                "{ip}"
+            );
+        }
 
-        let p = state(NetworkPolicy {
+        let mut p = state(NetworkPolicy {
             allow: vec!["10.9.0.0/16".parse().unwrap()],
             deny: vec![
                 "10.9.9.0/24".parse().unwrap(),
@@ -415,18 +504,135 @@ mod tests {
             ..NetworkPolicy::default()
         });
         assert!(p
-            .route(Ipv4Addr::new(10, 9, 1, 1), 80, Protocol::Tcp)
+            .route(
+                Ipv4Addr::new(10, 9, 1, 1),
+                80,
+                Protocol::Tcp,
+                Instant::now()
+            )
             .is_ok());
         assert_eq!(
-            p.route(Ipv4Addr::new(10, 9, 9, 1), 80, Protocol::Tcp),
+            p.route(
+                Ipv4Addr::new(10, 9, 9, 1),
+                80,
+                Protocol::Tcp,
+                Instant::now()
+            ),
             Err(reasons::DENY_LIST)
         );
         assert_eq!(
-            p.route(Ipv4Addr::new(8, 8, 8, 8), 53, Protocol::Udp),
+            p.route(Ipv4Addr::new(8, 8, 8, 8), 53, Protocol::Udp, Instant::now()),
             Err(reasons::DENY_LIST)
         );
         assert!(!p.address_denied("10.9.1.1".parse().unwrap()));
         assert!(p.address_denied("10.9.9.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn allow_opens_each_special_purpose_range() {
+        for (net, ip) in [
+            ("0.0.0.0/8", "0.0.0.1"),
+            ("192.0.0.0/24", "192.0.0.9"),
+            ("192.0.2.0/24", "192.0.2.2"),
+            ("198.51.100.0/24", "198.51.100.9"),
+            ("203.0.113.0/24", "203.0.113.7"),
+            ("198.18.0.0/15", "198.19.1.1"),
+            ("240.0.0.0/4", "240.0.0.1"),
+            ("255.255.255.255/32", "255.255.255.255"),
+            ("224.0.0.0/4", "224.0.0.251"),
+        ] {
+            let mut p = state(NetworkPolicy {
+                allow: vec![net.parse().unwrap()],
+                ..NetworkPolicy::default()
+            });
+            let ip: Ipv4Addr = ip.parse().unwrap();
+            assert!(
+                p.route(ip, 80, Protocol::Udp, Instant::now()).is_ok(),
+                "{net}"
+            );
+            assert!(!p.address_denied(IpAddr::V4(ip)), "{net}");
+        }
+    }
+
+    #[test]
+    fn host_addresses_are_denied_unless_named_alone() {
+        let host: Ipv4Addr = "93.184.216.34".parse().unwrap();
+        let doc: Ipv4Addr = "192.0.2.2".parse().unwrap();
+        let addrs = [
+            IpAddr::V4(host),
+            IpAddr::V4(doc),
+            "2001:db8::2".parse().unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ];
+        let with = |allow: &[&str]| {
+            PolicyState::new(
+                &NetworkPolicy {
+                    allow: allow.iter().map(|a| a.parse().unwrap()).collect(),
+                    allow_host_ports: vec![8080],
+                    ..NetworkPolicy::default()
+                },
+                HostAddrs::fixed(&addrs),
+            )
+        };
+        let now = Instant::now();
+        // Public or special-purpose, any protocol: `host`, whatever range `allow` opens.
+        for allow in [
+            &[][..],
+            &["0.0.0.0/0"],
+            &["93.184.216.0/24", "192.0.2.0/24"],
+        ] {
+            let mut p = with(allow);
+            for ip in [host, doc] {
+                for (port, proto) in [
+                    (80, Protocol::Tcp),
+                    (53, Protocol::Udp),
+                    (0, Protocol::Icmp),
+                ] {
+                    assert_eq!(
+                        p.route(ip, port, proto, now),
+                        Err(reasons::HOST),
+                        "{ip} {allow:?}"
+                    );
+                }
+                assert!(p.address_denied(IpAddr::V4(ip)), "{ip} {allow:?}");
+            }
+            assert!(p.address_denied("2001:db8::2".parse().unwrap()));
+            assert!(p.address_denied("::ffff:93.184.216.34".parse().unwrap()));
+            // Only the gateway reaches the host, on an allowed port.
+            assert_eq!(
+                p.route(GATEWAY_IP, 8080, Protocol::Tcp, now),
+                Ok(Route::Host(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080)))
+            );
+            // Other addresses of the same public network are not the host.
+            assert!(p
+                .route("93.184.216.35".parse().unwrap(), 80, Protocol::Tcp, now)
+                .is_ok());
+        }
+        // Loopback keeps its reason, and `allow: 127.0.0.0/8` still opens it.
+        let mut p = with(&[]);
+        assert_eq!(
+            p.route(Ipv4Addr::LOCALHOST, 80, Protocol::Tcp, now),
+            Err(reasons::LOOPBACK)
+        );
+        let mut p = with(&["127.0.0.0/8"]);
+        assert!(p.route(Ipv4Addr::LOCALHOST, 80, Protocol::Tcp, now).is_ok());
+        // The deny list still has its own reason.
+        let mut p = PolicyState::new(
+            &NetworkPolicy {
+                deny: vec!["93.184.216.0/24".parse().unwrap()],
+                ..NetworkPolicy::default()
+            },
+            HostAddrs::fixed(&addrs),
+        );
+        assert_eq!(
+            p.route(host, 80, Protocol::Tcp, now),
+            Err(reasons::DENY_LIST)
+        );
+        // An `allow` entry naming exactly one host address opens that one.
+        let mut p = with(&["93.184.216.34/32"]);
+        assert!(p.route(host, 80, Protocol::Tcp, now).is_ok());
+        assert!(!p.address_denied(IpAddr::V4(host)));
+        assert_eq!(p.route(doc, 80, Protocol::Tcp, now), Err(reasons::HOST));
     }
 
     #[test]
@@ -444,22 +650,22 @@ mod tests {
         assert!(!p.domain_allowed("badexample.com"));
         let ip = Ipv4Addr::new(1, 2, 3, 4);
         assert_eq!(
-            p.route(ip, 443, Protocol::Tcp),
+            p.route(ip, 443, Protocol::Tcp, Instant::now()),
             Err(reasons::NOT_RESOLVED_ALLOWED_DOMAIN)
         );
         // `allow` does not bypass the pinning.
         assert_eq!(
-            p.route(Ipv4Addr::LOCALHOST, 443, Protocol::Tcp),
+            p.route(Ipv4Addr::LOCALHOST, 443, Protocol::Tcp, Instant::now()),
             Err(reasons::NOT_RESOLVED_ALLOWED_DOMAIN)
         );
         assert!(p.pin(IpAddr::V4(ip)));
-        assert!(p.route(ip, 443, Protocol::Tcp).is_ok());
-        assert!(p.route(ip, 0, Protocol::Icmp).is_ok());
+        assert!(p.route(ip, 443, Protocol::Tcp, Instant::now()).is_ok());
+        assert!(p.route(ip, 0, Protocol::Icmp, Instant::now()).is_ok());
     }
 
     #[test]
     fn no_public_egress_leaves_only_gateway_ports_and_dns() {
-        let p = state(NetworkPolicy {
+        let mut p = state(NetworkPolicy {
             allow_host_ports: vec![41000],
             allow: vec!["0.0.0.0/0".parse().unwrap()],
             public_egress: false,
@@ -467,14 +673,17 @@ mod tests {
         });
         assert!(!p.public_egress());
         assert_eq!(
-            p.route(GATEWAY_IP, 41000, Protocol::Tcp),
+            p.route(GATEWAY_IP, 41000, Protocol::Tcp, Instant::now()),
             Ok(Route::Host(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 41000)))
         );
         assert_eq!(
-            p.route(GATEWAY_IP, 22, Protocol::Tcp),
+            p.route(GATEWAY_IP, 22, Protocol::Tcp, Instant::now()),
             Err(reasons::HOST_PORT_NOT_ALLOWED)
         );
-        assert_eq!(p.route(DNS_IP, 53, Protocol::Udp), Ok(Route::Dns));
+        assert_eq!(
+            p.route(DNS_IP, 53, Protocol::Udp, Instant::now()),
+            Ok(Route::Dns)
+        );
         for (ip, port, proto) in [
             (Ipv4Addr::new(93, 184, 216, 34), 443, Protocol::Tcp),
             (Ipv4Addr::new(8, 8, 8, 8), 53, Protocol::Udp),
@@ -483,7 +692,7 @@ mod tests {
             (Ipv4Addr::new(10, 0, 2, 9), 80, Protocol::Tcp),
         ] {
             assert_eq!(
-                p.route(ip, port, proto),
+                p.route(ip, port, proto, Instant::now()),
                 Err(reasons::NO_EGRESS),
                 "{ip}:{port} ({proto:?}), even with `allow: 0.0.0.0/0`"
             );

@@ -159,7 +159,7 @@ impl Nat {
                 self.send_to_guest(frames::tcp_rst(self.guest_mac, t));
                 return;
             }
-            ServiceTarget::None => match self.policy.route(t.dst, t.dst_port, Protocol::Tcp) {
+            ServiceTarget::None => match self.policy.route(t.dst, t.dst_port, Protocol::Tcp, now) {
                 Ok(Route::Host(a)) | Ok(Route::Outside(a)) => (SockAddr::from(a), false),
                 Ok(Route::Dns) => return, // DNS_IP:53 was handled by the caller
                 Err(reason) => {
@@ -328,9 +328,12 @@ impl Nat {
     }
 
     /// Drops the connections both sides are done with (after egress, so final ACKs and RSTs
-    /// have been queued).
+    /// have been queued). A connection in TIME-WAIT stays while egress was blocked this round:
+    /// the ACK of the guest's FIN may not have left yet, and without the socket the guest's
+    /// retransmitted FIN would be answered with RST.
     pub(crate) fn tcp_reclaim(&mut self, now: Instant) {
         let mut done = Vec::new();
+        let egress_blocked = self.phy.tx_blocked;
         for (key, r) in self.tcp.iter_mut() {
             let socket = self.sockets.get::<tcp::Socket>(r.handle);
             let finished = match socket.state() {
@@ -340,7 +343,7 @@ impl Nat {
                     let since = *r.closed_at.get_or_insert(now);
                     socket.local_endpoint().is_none() || now >= since + ABORT_GRACE
                 }
-                State::TimeWait => r.host.is_none() || r.host_wr_shut,
+                State::TimeWait => !egress_blocked && (r.host.is_none() || r.host_wr_shut),
                 _ => false,
             };
             if finished {
@@ -453,7 +456,11 @@ fn relay(r: &mut Relay, socket: &mut tcp::Socket, room: bool, stats: &mut NatSta
                 Ok(Io::Moved(n)) => stats.tcp_bytes_to_guest += n as u64,
                 Ok(Io::Eof) => {
                     r.host_eof = true;
-                    // FIN after the buffered data.
+                    // FIN after the buffered data. From now on every segment of the guest
+                    // is acknowledged at once: its FIN takes the socket to TIME-WAIT, where
+                    // it is reclaimed right after egress, and a delayed ACK would never
+                    // leave (the guest would resend its FIN and get RST).
+                    socket.set_ack_delay(None);
                     socket.close();
                     break;
                 }

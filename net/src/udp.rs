@@ -41,7 +41,7 @@ impl Nat {
             }
             return;
         }
-        let target = match self.policy.route(u.dst, u.dst_port, Protocol::Udp) {
+        let target = match self.policy.route(u.dst, u.dst_port, Protocol::Udp, now) {
             Ok(Route::Dns) => {
                 self.dns_udp_from_guest(u.src_port, u.payload, now);
                 return;

@@ -187,6 +187,7 @@ fn host_half_close_then_guest_sends() {
     });
     assert!(host.join().unwrap() == big);
     h.run_until(WAIT, |h| h.nat.stats().tcp_active == 0);
+    assert_eq!(h.resets, 0, "a clean close was reset");
 }
 
 /// The guest does not read: the NAT stops reading the host once its buffer is full (no
@@ -316,15 +317,22 @@ fn sequential_connections_are_reclaimed() {
             !s.may_recv()
         });
         assert_eq!(got, [i as u8; 4]);
+        // The host closed first; the guest closes last (LAST-ACK) and its FIN is
+        // acknowledged, not reset (and not retransmitted, so this takes milliseconds).
+        let t = Instant::now();
         h.tcp(c).close();
-        h.run_until(WAIT, |h| {
-            matches!(h.state(c), State::Closed | State::TimeWait)
-        });
+        h.run_until(WAIT, |h| h.state(c) == State::Closed);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "the guest's FIN waited {:?} for an answer",
+            t.elapsed()
+        );
         h.sockets.remove(c);
     }
     host.join().unwrap();
     h.run_until(WAIT, |h| h.nat.stats().tcp_active == 0);
     assert_eq!(h.nat.stats().tcp_established, n as u64);
+    assert_eq!(h.resets, 0, "the guest received resets for clean closes");
 }
 
 /// Several guest connections to the same destination at once (one smoltcp listener per

@@ -379,6 +379,8 @@ pub struct Harness {
     pub iface: Interface,
     pub sockets: SocketSet<'static>,
     pub wire: Wire,
+    /// TCP segments with RST the NAT sent to the guest.
+    pub resets: u64,
     epoch: Instant,
     next_port: u16,
 }
@@ -401,6 +403,7 @@ impl Harness {
             iface,
             sockets: SocketSet::new(Vec::new()),
             wire,
+            resets: 0,
             epoch: Instant::now(),
             next_port: 40000,
         }
@@ -422,6 +425,9 @@ impl Harness {
         }
         self.nat.poll(now);
         while let Some(f) = self.nat.to_guest(now) {
+            if is_rst(&f) {
+                self.resets += 1;
+            }
             self.wire.rx.push_back(f);
             moved = true;
         }
@@ -467,6 +473,18 @@ impl Harness {
     pub fn state(&self, h: SocketHandle) -> tcp::State {
         self.sockets.get::<tcp::Socket>(h).state()
     }
+}
+
+/// Whether `frame` is a TCP segment with RST.
+fn is_rst(frame: &[u8]) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else {
+        return false;
+    };
+    let Ok(ip) = smoltcp::wire::Ipv4Packet::new_checked(eth.payload()) else {
+        return false;
+    };
+    ip.next_header() == IpProtocol::Tcp
+        && smoltcp::wire::TcpPacket::new_checked(ip.payload()).is_ok_and(|t| t.rst())
 }
 
 /// Bytes `0..n` of a recognizable pattern.
