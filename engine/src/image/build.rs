@@ -15,7 +15,7 @@ use super::manifest::{
 };
 use super::progress::Progress;
 use super::recipe::{self, Profile};
-use super::{deps, erofs, guest_agent, layout};
+use super::{busybox, deps, erofs, guest_agent, layout};
 
 /// What to build.
 #[derive(Debug, Clone)]
@@ -86,6 +86,8 @@ pub fn stale_reason(m: &super::manifest::Manifest) -> Option<&'static str> {
         Some("made by another image builder")
     } else if !recipe_matches(&m.kernel_inputs) {
         Some("built from another kernel recipe (config fragments or patches)")
+    } else if !busybox::at_least(&m.busybox_version, busybox::FIRST_FIXED) {
+        Some("its busybox predates Debian's 1:1.36.1-5: `wget -T` crashes")
     } else {
         None
     }
@@ -103,7 +105,8 @@ pub fn recipe_matches(k: &KernelInputs) -> bool {
 pub fn build(cache: &Cache, req: &BuildRequest, p: &mut Progress) -> Result<Built, ImageError> {
     let started = Instant::now();
     deps::ensure_packages(&mut |l| p.line(&format!("      {l}")))?;
-    let tc = deps::toolchain()?;
+    let busybox = busybox::ensure(cache, &mut |l| p.line(&format!("      {l}")))?;
+    let tc = deps::toolchain(busybox)?;
 
     let kin = kernel_inputs(req.profile, &tc);
     let khash = content_hash(&kin);

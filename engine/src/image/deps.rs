@@ -15,7 +15,6 @@ pub const PACKAGES: &[&str] = &[
     "bc",
     "libelf-dev",
     "cpio",
-    "busybox-static",
     "xz-utils",
     "patch",
     "make",
@@ -37,7 +36,8 @@ pub const BASH_PACKAGE: &str = "bash-static";
 /// Where Debian's `bash-static` installs it.
 pub const BASH_STATIC: &str = "/bin/bash-static";
 
-/// Where busybox-static installs its binary.
+/// Where the host's busybox-static installs its binary (tests only: the guest's busybox is
+/// Debian trixie's, see [`super::busybox`]).
 pub const BUSYBOX_PATH: &str = "/bin/busybox";
 
 /// Versions of the tools that shape the output.
@@ -45,7 +45,7 @@ pub const BUSYBOX_PATH: &str = "/bin/busybox";
 pub struct Toolchain {
     /// Debian version of the kernel source package, e.g. `6.1.192-2`.
     pub kernel_source_version: String,
-    /// Debian version of busybox-static.
+    /// Debian version of the guest's busybox-static ([`super::busybox`]).
     pub busybox_version: String,
     /// `gcc --version`, first line.
     pub gcc: String,
@@ -55,7 +55,7 @@ pub struct Toolchain {
     pub erofs_utils_version: String,
     /// The kernel source tarball.
     pub source_tarball: PathBuf,
-    /// The static busybox binary.
+    /// The guest's static busybox binary.
     pub busybox: PathBuf,
 }
 
@@ -135,8 +135,8 @@ pub fn ensure_packages(log: &mut dyn FnMut(&str)) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// Reads the toolchain versions (packages must be installed).
-pub fn toolchain() -> Result<Toolchain, ImageError> {
+/// Reads the toolchain versions (packages must be installed), with the guest's busybox.
+pub fn toolchain(busybox: super::busybox::GuestBusybox) -> Result<Toolchain, ImageError> {
     let need = |pkg: &str| {
         installed_version(pkg)
             .ok_or_else(|| ImageError::Environment(format!("package {pkg} is not installed")))
@@ -154,12 +154,12 @@ pub fn toolchain() -> Result<Toolchain, ImageError> {
     let strip = first_line("strip")?;
     let tc = Toolchain {
         kernel_source_version: need(recipe::KERNEL_SOURCE_PACKAGE)?,
-        busybox_version: need("busybox-static")?,
+        busybox_version: busybox.version,
         gcc,
         strip,
         erofs_utils_version: need(super::erofs::EROFS_PACKAGE)?,
         source_tarball: PathBuf::from(recipe::KERNEL_SOURCE_TARBALL),
-        busybox: PathBuf::from(BUSYBOX_PATH),
+        busybox: busybox.path,
     };
     for p in [&tc.source_tarball, &tc.busybox] {
         if !p.is_file() {

@@ -8,6 +8,7 @@
 
 pub mod build;
 pub mod bundle;
+pub mod busybox;
 pub mod cache;
 pub mod cpio;
 pub mod deps;

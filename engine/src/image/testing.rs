@@ -83,7 +83,7 @@ impl<'a> FakeImage<'a> {
         let config = "CONFIG_64BIT=y\nCONFIG_VOIDBOX_EMULATED_KVM=y\n";
         let toolchain = Toolchain {
             kernel_source_version: "test".into(),
-            busybox_version: "test".into(),
+            busybox_version: super::busybox::VERSION.into(),
             gcc: "gcc test".into(),
             strip: "test".into(),
             erofs_utils_version: "test".into(),
