@@ -78,6 +78,13 @@ static KVM_ACL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl FreshUser {
     fn create(scratch: &Path, tag: &str) -> FreshUser {
+        let user = FreshUser::create_without_kvm(scratch, tag);
+        sh(Command::new("setfacl").args(["-m", &format!("u:{}:rw", user.name), "/dev/kvm"]));
+        user
+    }
+
+    /// A fresh account that is given no access to `/dev/kvm` (see [`FreshUser::run_without_kvm`]).
+    fn create_without_kvm(scratch: &Path, tag: &str) -> FreshUser {
         let uid = sh(Command::new("id").arg("-u")).stdout;
         assert_eq!(
             uid.trim(),
@@ -95,21 +102,46 @@ impl FreshUser {
             .arg(&home)
             .arg("--create-home")
             .arg(&name));
-        let user = FreshUser {
+        FreshUser {
             name,
             home,
             acl_backup,
             _serial: serial,
-        };
-        sh(Command::new("setfacl").args(["-m", &format!("u:{}:rw", user.name), "/dev/kvm"]));
-        user
+        }
     }
 
     /// Runs `prog args` in `cwd` as this user with a clean environment: HOME, a PATH without
     /// cargo, and nothing else of ours (no XDG_CACHE_HOME, no VOIDBOX_*).
     fn run(&self, cwd: &Path, prog: &Path, args: &[&str]) -> (Run, f64) {
+        self.run_in(Command::new("runuser"), cwd, prog, args)
+    }
+
+    /// [`FreshUser::run`] where `/dev/kvm` is what the issue's host had: a KVM device node of
+    /// mode 0600 root:root (bind-mounted over the real one in a private mount namespace,
+    /// whatever this host's node allows), with no group for the user to join.
+    fn run_without_kvm(&self, scratch: &Path, prog: &Path, args: &[&str]) -> Run {
+        let node = scratch.join(format!("kvm-0600-{}", self.name));
+        let setup = format!(
+            "set -e; rm -f '{n}'; mknod -m 600 '{n}' c 10 232; chown 0:0 '{n}'; \
+             mount --bind '{n}' /dev/kvm; exec runuser \"$@\"",
+            n = node.display()
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &setup,
+            "no-kvm",
+        ]);
+        self.run_in(cmd, scratch, prog, args).0
+    }
+
+    fn run_in(&self, mut cmd: Command, cwd: &Path, prog: &Path, args: &[&str]) -> (Run, f64) {
         let started = Instant::now();
-        let r: Run = Command::new("runuser")
+        let r: Run = cmd
             .args(["-u", &self.name, "--", "env", "-i"])
             .arg(format!("HOME={}", self.home.display()))
             .args([
@@ -215,6 +247,41 @@ fn apply_fan_out(user: &FreshUser, voidbox: &Path, cwd: &Path) {
     );
 }
 
+/// Unpacks the release tarball into `dir`; its one top directory.
+fn unpack(tarball: &Path, dir: &Path) -> PathBuf {
+    sh(Command::new("tar")
+        .arg("-xzf")
+        .arg(tarball)
+        .arg("-C")
+        .arg(dir));
+    std::fs::read_dir(dir)
+        .expect("read unpacked")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the tarball holds one directory")
+}
+
+/// The paths of the source tree this test (and so the tarball's binary) was built from: a
+/// relocated binary must never name them (issue 34, 6.5).
+fn build_tree_paths() -> Vec<String> {
+    let root = repo_root();
+    let mut paths = vec![root.display().to_string()];
+    if let Ok(c) = root.canonicalize() {
+        paths.push(c.display().to_string());
+    }
+    paths
+}
+
+fn assert_no_build_path(what: &str, text: &str) {
+    for p in build_tree_paths() {
+        assert!(
+            !text.contains(&p),
+            "{what} names the build machine's source tree {p}:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
     if skip() {
@@ -222,17 +289,7 @@ fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
     }
     let tarball = dist_file("voidbox-", "-x86_64-linux.tar.gz", "scripts/release.sh");
     let dir = scratch();
-    sh(Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path()));
-    let top = std::fs::read_dir(dir.path())
-        .expect("read unpacked")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.is_dir())
-        .expect("the tarball holds one directory");
+    let top = unpack(&tarball, dir.path());
     for f in [
         "bin/voidbox",
         "bin/voidbox-guest-agent",
@@ -269,7 +326,22 @@ fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
     assert_eq!(ls.code, Some(0), "{}", ls.stderr);
     assert_eq!(ls.stdout.matches(" bundled").count(), 2, "{}", ls.stdout);
     let (doctor, _) = user.run(dir.path(), &voidbox, &["doctor", "--format", "json"]);
+    assert_no_build_path("doctor", &format!("{}{}", doctor.stdout, doctor.stderr));
     let d: Value = serde_json::from_str(&doctor.stdout).expect("doctor JSON");
+    // The guest agent a rebuild would use is the one beside the binary.
+    let tools = d["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "tools-image-build"))
+        .cloned()
+        .unwrap_or_default();
+    let beside = top.join("bin/voidbox-guest-agent").display().to_string();
+    assert!(
+        tools["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&beside),
+        "{tools}"
+    );
     let image = d["checks"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == "guest-image"))
@@ -302,6 +374,95 @@ fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
         "{}",
         r.stderr
     );
+}
+
+/// The issue's host: `/dev/kvm` root:root 0600, no `kvm` group membership for the user.
+/// `doctor`, `apply`, `run` and `apply --dry-run` give the same fix (doctor's, from the
+/// device's real group and mode: the udev rule, not "join the kvm group" alone), know the
+/// bundled images (no "cannot be built here", no "no guest image is cached"), and never
+/// name the build machine's source tree. No VM starts.
+#[test]
+fn without_dev_kvm_access_every_command_gives_doctor_s_fix_and_knows_the_bundled_images() {
+    if skip() {
+        return;
+    }
+    let tarball = dist_file("voidbox-", "-x86_64-linux.tar.gz", "scripts/release.sh");
+    let dir = scratch();
+    let top = unpack(&tarball, dir.path());
+    let voidbox = top.join("bin/voidbox");
+    let user = FreshUser::create_without_kvm(dir.path(), "k");
+    let spec = example(dir.path());
+    let spec = spec.to_str().unwrap_or_default();
+
+    let doctor = user.run_without_kvm(dir.path(), &voidbox, &["doctor", "--format", "json"]);
+    assert_no_build_path("doctor", &format!("{}{}", doctor.stdout, doctor.stderr));
+    assert_eq!(doctor.code, Some(3), "{}\n{}", doctor.stdout, doctor.stderr);
+    let d: Value = serde_json::from_str(&doctor.stdout).expect("doctor JSON");
+    let check = |name: &str| {
+        d["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} check: {d}"))
+    };
+    let kvm = check("kvm");
+    assert_eq!(kvm["status"], "fail", "{kvm}");
+    let detail = kvm["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("group root, mode 600"), "{kvm}");
+    let fix = kvm["fix"].as_str().unwrap_or_default().to_string();
+    assert!(fix.contains("/etc/udev/rules.d/99-kvm.rules"), "{fix}");
+    let image = check("guest-image");
+    assert_eq!(image["status"], "ok", "{image}");
+    let image_detail = image["detail"].as_str().unwrap_or_default();
+    assert!(
+        image_detail.contains("bundled")
+            && image_detail.contains("(plain)")
+            && image_detail.contains("(compat)"),
+        "{image}"
+    );
+
+    // `apply` and `run` stop before any VM with exactly doctor's finding and fix.
+    for args in [vec!["apply", spec], vec!["run", "--", "true"]] {
+        let r = user.run_without_kvm(dir.path(), &voidbox, &args);
+        assert_eq!(r.code, Some(3), "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains(detail),
+            "{args:?} lacks doctor's finding:\n{}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains(&fix),
+            "{args:?} lacks doctor's fix:\n{}",
+            r.stderr
+        );
+        for wrong in ["cannot be built", "no guest image", "kvm` group"] {
+            assert!(
+                !r.stderr.contains(wrong),
+                "{args:?} says {wrong:?}:\n{}",
+                r.stderr
+            );
+        }
+        assert_no_build_path(args[0], &r.stderr);
+    }
+    // `apply --dry-run` checks the plan against a bundled image and warns with the same fix.
+    let dry = user.run_without_kvm(dir.path(), &voidbox, &["apply", "--dry-run", spec]);
+    assert_eq!(dry.code, Some(0), "{}", dry.stderr);
+    assert!(
+        dry.stderr.contains(&fix),
+        "dry run lacks doctor's fix:\n{}",
+        dry.stderr
+    );
+    assert!(
+        !dry.stderr.contains("no guest image"),
+        "the bundled images were not seen:\n{}",
+        dry.stderr
+    );
+    assert!(
+        dry.stdout.contains("seed"),
+        "no plan printed:\n{}",
+        dry.stdout
+    );
+    assert_no_build_path("apply --dry-run", &dry.stderr);
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use voidbox_llm_script::{Script, Server, Turn};
+use voidbox_oci::testing::{ImageBuilder, Registry};
 use voidbox_tests::vm::{child_pids, guest_image};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
@@ -360,8 +361,10 @@ fn random_hex(n: usize) -> String {
 }
 
 /// Claude Code's terminal UI in an interactive agent's VM, through the real credential
-/// gateway to the scripted model (`voidbox-llm-script`) on host loopback: the spec's prompt
-/// is its first message, the model's answer shows on the terminal, every request reached
+/// gateway to the scripted model (`voidbox-llm-script`) on host loopback: the agent runs in
+/// an OCI image (busybox from a local registry) and starts in the image's `WorkingDir`, as
+/// `apply` starts it (issue 34, 4.5: Claude Code tells the model its working directory),
+/// the spec's prompt is its first message, the model's answer shows on the terminal, every request reached
 /// the model with the real key (the guest only ever held the gateway's placeholder), the
 /// kit's prompt file reached the model, `/exit` ends voidbox with the runtime's status, the
 /// gateway's counters are printed and the host terminal is restored.
@@ -374,6 +377,14 @@ fn an_interactive_agent_opens_claude_code_through_the_gateway() {
     // snapshot of this VM size (with the runtimes warmed up) is made on first use.
     const UP: Duration = Duration::from_secs(1500);
     const ANSWER: &str = "vbx-interactive-ok";
+    /// The image's `WorkingDir` (not in the image: made at start, as Docker does).
+    const IMAGE_WORKDIR: &str = "/srv/vbx-shell-project";
+    let registry = Registry::start().expect("registry");
+    ImageBuilder::busybox()
+        .expect("busybox image")
+        .working_dir(IMAGE_WORKDIR)
+        .push(&registry, "shell-agent:1")
+        .expect("push the image");
     let t0 = Instant::now();
     let key = format!("sk-ant-vbxshell-{}", random_hex(16));
     let nonce = random_hex(6);
@@ -393,9 +404,10 @@ fn an_interactive_agent_opens_claude_code_through_the_gateway() {
         &d,
         "agent.yaml",
         &format!(
-            "api_version: v1\nkind: agent\nname: helper\nsandbox:\n  memory_mb: 2048\n\
+            "api_version: v1\nkind: agent\nname: helper\nsandbox:\n  memory_mb: 2048\n  image: '{}'\n\
              llm: {{provider: claude, base_url: '{}', api_key_env: VBX_SHELL_KEY, model: claude-vbx-test}}\n\
              agent:\n  prompt: 'Say the marker (vbx-prompt-{nonce}).'\n  prompt_files: [AGENTS.md]\n  mode: interactive\n",
+            registry.reference("shell-agent:1"),
             server.base_url()
         ),
     );
@@ -428,6 +440,10 @@ fn an_interactive_agent_opens_claude_code_through_the_gateway() {
             .iter()
             .any(|c| c.body_contains(&format!("vbx-rule-{nonce}"))),
         "the kit's prompt file did not reach the model"
+    );
+    assert!(
+        calls.iter().any(|c| c.body_contains(IMAGE_WORKDIR)),
+        "the runtime did not start in the image's WorkingDir {IMAGE_WORKDIR}"
     );
     t.tmux(&["send-keys", "-t", "t", "-l", "/exit"]);
     std::thread::sleep(Duration::from_secs(2));
