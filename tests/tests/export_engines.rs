@@ -48,6 +48,9 @@ const GITHUB_REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
+/// A run input with what engines could mistake for their own expressions.
+const RUN_INPUT: &str = "{\"q\": \"${{ github.token }} {{workflow.uid}}\",\n \"n\": 1}\n";
+
 fn export(spec: &Path, args: &[&str]) -> voidbox_tests::Run {
     let mut all = vec!["export", spec.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -80,29 +83,25 @@ fn argo_exports_validate_against_argos_schema_and_load_into_hera() {
     let mut docs = Vec::new();
     for (i, spec) in specs().iter().enumerate() {
         for kind in ["workflow", "workflow-template"] {
-            let r = export(
-                spec,
-                &[
-                    "--format",
-                    "argo",
-                    "--image",
-                    "registry.example/voidbox:0.1.0",
-                    "--kind",
-                    kind,
-                ],
-            );
+            let mut args = vec![
+                "--format",
+                "argo",
+                "--image",
+                "registry.example/voidbox:0.1.0",
+                "--kind",
+                kind,
+            ];
+            // The templates carry a run input (in the ConfigMap), the workflows none.
+            if kind == "workflow-template" {
+                args.extend(["--input", RUN_INPUT]);
+            }
+            let r = export(spec, &args);
             assert_eq!(r.code, Some(0), "{}: {}", spec.display(), r.stderr);
-            let (config_map, workflow) = r
-                .stdout
-                .split_once("\n---\n")
-                .unwrap_or_else(|| panic!("{}: not two documents", spec.display()));
+            assert!(!r.stdout.contains("\n---\n"), "one document");
             let wf = dir.path().join(format!("{i}-{kind}.yaml"));
-            std::fs::write(&wf, workflow).unwrap();
-            workflows.push(wf);
-            let all = dir.path().join(format!("{i}-{kind}-all.yaml"));
-            std::fs::write(&all, &r.stdout).unwrap();
-            docs.push((all, spec.clone()));
-            assert!(config_map.contains("kind: ConfigMap"), "{config_map}");
+            std::fs::write(&wf, &r.stdout).unwrap();
+            workflows.push(wf.clone());
+            docs.push((wf, spec.clone()));
         }
     }
     let schema = repo_root().join("tests/vendor/argo-workflows/schema.json");
@@ -112,17 +111,67 @@ fn argo_exports_validate_against_argos_schema_and_load_into_hera() {
         &workflows,
     );
     assert!(out.contains("ok -- validation done"), "{out}");
-    // hera: the Workflow (or WorkflowTemplate) loads into its models, and the ConfigMap,
-    // read by PyYAML, carries the spec byte for byte.
+    // hera: the Workflow (or WorkflowTemplate) loads into its models; the ConfigMap its
+    // first task creates, read by PyYAML, is owned by the Workflow, named after it, and
+    // carries the spec byte for byte; each service's NetworkPolicy selects, once Argo has
+    // expanded `{{workflow.uid}}`, exactly that service's pod, and admits exactly the pods of
+    // the tasks reaching it (`--service NAME=…`) on its ports.
     let script = r#"
-import sys, yaml
+import sys, yaml, base64
 from hera.workflows import Workflow, WorkflowTemplate
 from hera.workflows import models
 args = sys.argv[1:]
+policies = 0
+def matches(sel, labels):
+    if any(labels.get(k) != v for k, v in sel.get("matchLabels", {}).items()):
+        return False
+    for e in sel.get("matchExpressions", []):
+        assert e["operator"] == "In", e
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
 for path, spec in zip(args[0::2], args[1::2]):
-    cm, wf = list(yaml.safe_load_all(open(path)))
-    assert cm["kind"] == "ConfigMap", path
-    assert cm["data"]["spec.yaml"] == open(spec).read(), f"{path}: the spec changed on its way"
+    [wf] = list(yaml.safe_load_all(open(path)))
+    tpls = {t["name"]: t for t in wf["spec"]["templates"]}
+    dag = wf["spec"]["templates"][0]["dag"]["tasks"]
+    assert dag[0]["name"] == "voidbox-spec", path
+    res = tpls["voidbox-spec"]["resource"]
+    assert res["action"] == "create" and res["setOwnerReference"] is True, path
+    cm = yaml.safe_load(res["manifest"])
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "{{workflow.name}}-spec", path
+    assert wf["spec"]["volumes"][0]["configMap"]["name"] == cm["metadata"]["name"], path
+    assert base64.b64decode(cm["binaryData"]["spec.yaml"]) == open(spec, "rb").read(), f"{path}: the spec changed on its way"
+    uid = "0b5e4c1e-0000-4000-8000-000000000001"
+    pods = {n: {k: v.replace("{{workflow.uid}}", uid) for k, v in t["metadata"]["labels"].items()}
+            for n, t in tpls.items() if "container" in t and "metadata" in t}
+    # Another run's pods of the same names: never selected.
+    others = {n + "@other": {**l, "voidbox.dev/workflow-uid": "another"} for n, l in pods.items()}
+    for n, t in tpls.items():
+        if "resource" not in t or n == "voidbox-spec":
+            continue
+        np = yaml.safe_load(t["resource"]["manifest"].replace("{{workflow.uid}}", uid))
+        assert np["kind"] == "NetworkPolicy" and np["spec"]["policyTypes"] == ["Ingress"], path
+        assert t["resource"]["setOwnerReference"] is True, path
+        selected = [p for p, l in {**pods, **others}.items() if matches(np["spec"]["podSelector"], l)]
+        assert len(selected) == 1, (path, selected)
+        svc = selected[0]
+        c = tpls[svc]["container"]
+        assert tpls[svc].get("daemon") is True, path
+        reach = sorted(m for m, mt in tpls.items() if "container" in mt
+                       and any(a.startswith(svc + "=") for a in mt["container"]["args"]))
+        ports = sorted(p["containerPort"] for p in c.get("ports", []))
+        if not np["spec"]["ingress"]:
+            assert not reach or not ports, (path, svc, reach)
+        else:
+            [rule] = np["spec"]["ingress"]
+            [peer] = rule["from"]
+            admitted = sorted(p for p, l in {**pods, **others}.items() if matches(peer["podSelector"], l))
+            assert admitted == reach, (path, svc, admitted, reach)
+            assert sorted(p["port"] for p in rule["ports"]) == ports, path
+            assert all(p["protocol"] == "TCP" for p in rule["ports"]), path
+        deps = next(d for d in dag if d["name"] == svc)["depends"].split(" && ")
+        assert n in deps, f"{path}: {svc} starts before its policy"
+        policies += 1
     cls, model = (Workflow, models.Workflow) if wf["kind"] == "Workflow" else (WorkflowTemplate, models.WorkflowTemplate)
     w = cls.from_dict(wf)
     m = model.model_validate(wf)
@@ -130,7 +179,7 @@ for path, spec in zip(args[0::2], args[1::2]):
     for task in m.spec.templates[0].dag.tasks:
         assert task.template in names, f"{path}: task {task.name} names no template"
     assert len(w.templates) == len(wf["spec"]["templates"]), path
-print(f"hera loaded {len(args) // 2} exports")
+print(f"hera loaded {len(args) // 2} exports, {policies} network policies")
 "#;
     let mut pairs = Vec::new();
     for (all, spec) in &docs {
@@ -142,6 +191,8 @@ print(f"hera loaded {len(args) // 2} exports")
         out.contains(&format!("hera loaded {} exports", docs.len())),
         "{out}"
     );
+    // The service examples (ci-services, workflow-service-sidecar) get their policies.
+    assert!(!out.contains(" 0 network policies"), "{out}");
 }
 
 #[test]
@@ -151,15 +202,17 @@ fn github_exports_validate_against_the_workflow_schema_and_pass_actionlint() {
     std::fs::create_dir_all(&wf_dir).unwrap();
     let mut files = Vec::new();
     for (i, spec) in specs().iter().enumerate() {
-        let r = export(
-            spec,
-            &[
-                "--format",
-                "github-actions",
-                "--voidbox-repo",
-                "acme/voidbox",
-            ],
-        );
+        let mut args = vec![
+            "--format",
+            "github-actions",
+            "--voidbox-repo",
+            "acme/voidbox",
+        ];
+        // Every other one carries a run input (the exported default of the dispatch input).
+        if i % 2 == 1 {
+            args.extend(["--input", RUN_INPUT]);
+        }
+        let r = export(spec, &args);
         let name = spec.file_name().unwrap().to_str().unwrap();
         if let Some((_, why)) = GITHUB_REFUSED.iter().find(|(f, _)| *f == name) {
             assert_eq!(r.code, Some(2), "{name}: {}", r.stdout);

@@ -104,16 +104,24 @@ fn whole_apply(spec: &Path) -> Vec<u8> {
 /// template's args, its input artifacts unpacked from the producing tasks' `results`.
 /// Returns the final output.
 fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
-    let (cm, wf) = text.split_once("\n---\n").unwrap();
+    use base64::Engine as _;
     let spec_dir = work.join("spec");
     std::fs::create_dir_all(&spec_dir).unwrap();
-    let cm = yaml(cm);
-    std::fs::write(
-        spec_dir.join("spec.yaml"),
-        cm["data"]["spec.yaml"].as_str().unwrap(),
-    )
-    .unwrap();
-    let wf = yaml(wf);
+    let wf = yaml(text);
+    // The ConfigMap the first task creates, mounted at /voidbox/spec.
+    let cm = wf["spec"]["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "voidbox-spec")
+        .unwrap();
+    let cm = yaml(cm["resource"]["manifest"].as_str().unwrap());
+    for (key, b64) in cm["binaryData"].as_object().unwrap() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap();
+        std::fs::write(spec_dir.join(key), bytes).unwrap();
+    }
     let templates: HashMap<String, Value> = wf["spec"]["templates"]
         .as_array()
         .unwrap()
@@ -138,6 +146,11 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
                 continue;
             }
             let tpl = &templates[t["template"].as_str().unwrap()];
+            if tpl.get("resource").is_some() {
+                // The ConfigMap (written above) or a NetworkPolicy: nothing to run here.
+                done.push(name.clone());
+                continue;
+            }
             let root = work.join(&name);
             let map = |s: &str| {
                 s.replace("/voidbox/spec", spec_dir.to_str().unwrap())
@@ -207,7 +220,13 @@ fn replay_argo(text: &str, work: &Path) -> Vec<u8> {
 /// artifacts, its `run` steps in bash with their `env`, its upload steps stored. The setup
 /// steps (checkout, KVM, install, cache) are this machine's already. Returns the last job's
 /// `voidbox-outputs/output`.
-fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
+fn replay_github(
+    text: &str,
+    work: &Path,
+    spec: &Path,
+    spec_rel: &str,
+    dispatch_input: &str,
+) -> Vec<u8> {
     let wf = yaml(text);
     let jobs = wf["jobs"].as_object().unwrap();
     let bin = work.join("bin");
@@ -233,7 +252,7 @@ fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
             }
             let dir = work.join("jobs").join(name);
             std::fs::create_dir_all(dir.join(Path::new(spec_rel).parent().unwrap())).unwrap();
-            std::fs::copy(repo_root().join(spec_rel), dir.join(spec_rel)).unwrap();
+            std::fs::copy(spec, dir.join(spec_rel)).unwrap();
             let steps = job["steps"].as_array().unwrap();
             assert_eq!(steps[0]["uses"], "actions/checkout@v5");
             for s in steps {
@@ -257,12 +276,21 @@ fn replay_github(text: &str, work: &Path, spec_rel: &str) -> Vec<u8> {
                         .env("PATH", &path)
                         .env("NO_COLOR", "1");
                     for (k, v) in s["env"].as_object().unwrap() {
-                        let v = v.as_str().unwrap().replace(
-                            "${{ github.repository_id }}-${{ github.run_id }}-${{ github.run_attempt }}",
-                            "1-2-1",
+                        let v = v
+                            .as_str()
+                            .unwrap()
+                            .replace(
+                                "${{ github.repository_id }}-${{ github.run_id }}-${{ github.run_attempt }}",
+                                "1-2-1",
+                            )
+                            .replace("${{ inputs.input }}", dispatch_input);
+                        // `${{ '${{' }}` is GitHub's escape: it evaluates to `${{`.
+                        let escape = "${{ '${{' }}";
+                        assert!(
+                            !v.replace(escape, "").contains("${{"),
+                            "{k}={v}: a secret in a test spec"
                         );
-                        assert!(!v.contains("${{"), "{k}={v}: a secret in a test spec");
-                        cmd.env(k, v);
+                        cmd.env(k, v.replace(escape, "${{"));
                     }
                     let (k, v) = tag("job");
                     let out = cmd.env(&k, &v).output().unwrap();
@@ -325,9 +353,74 @@ fn replayed_argo_and_github_exports_give_applys_output() {
     let got = replay_github(
         &String::from_utf8(gh).unwrap(),
         &dir.path().join("gh"),
+        &spec,
         "examples/fan-out.yaml",
+        "",
     );
     assert_eq!(got, want, "GitHub Actions replay");
+}
+
+/// `apply --input` on another engine: a root node (`cat`, its output is its stdin) gets the
+/// run's input exported with `voidbox export --input` on Argo (from the run's ConfigMap) and
+/// on GitHub Actions (the dispatch input's default), and on GitHub the input given at
+/// dispatch instead, each byte for byte what `voidbox apply --input` gives it.
+#[test]
+fn the_run_input_reaches_a_root_node_on_both_engines() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let spec = PathBuf::from(write_spec(
+        dir.path(),
+        "kind: workflow\nname: echo-input\nsandbox: {memory_mb: 128}\nworkflow:\n  steps:\n    - {name: root, run: {program: cat}}\n",
+    ));
+    // Text the engines could take for their own expressions, and a trailing newline.
+    let input = "{\"q\": \"${{ github.token }} {{workflow.uid}}\"}\n";
+    let file = dir.path().join("input.json");
+    std::fs::write(&file, input).unwrap();
+    let at_file = format!("@{}", file.display());
+    let (code, want, err) = voidbox(
+        dir.path(),
+        &args(&[
+            "apply",
+            spec.to_str().unwrap(),
+            "--input",
+            &at_file,
+            "--boot-timeout",
+            BOOT_TIMEOUT,
+        ]),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(want, input.as_bytes());
+    let export = |format: &[&str]| {
+        let mut a = vec!["export", spec.to_str().unwrap(), "--input", &at_file];
+        a.extend_from_slice(format);
+        let (code, out, err) = voidbox(dir.path(), &args(&a), &[]);
+        assert_eq!(code, Some(0), "{err}");
+        String::from_utf8(out).unwrap()
+    };
+    let argo = export(&["--format", "argo", "--image", "r.example/voidbox:1"]);
+    let got = replay_argo(&argo, &dir.path().join("argo"));
+    assert_eq!(got, want, "Argo: the exported input");
+    let gh = export(&[
+        "--format",
+        "github-actions",
+        "--voidbox-repo",
+        "acme/voidbox",
+        "--spec-path",
+        "ci/spec.yaml",
+    ]);
+    let got = replay_github(&gh, &dir.path().join("gh"), &spec, "ci/spec.yaml", "");
+    assert_eq!(got, want, "GitHub Actions: the exported input");
+    let got = replay_github(
+        &gh,
+        &dir.path().join("gh2"),
+        &spec,
+        "ci/spec.yaml",
+        "[1, 2]",
+    );
+    assert_eq!(got, b"[1, 2]", "GitHub Actions: the dispatch input wins");
 }
 
 fn write_spec(dir: &Path, text: &str) -> String {

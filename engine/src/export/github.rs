@@ -32,6 +32,8 @@ const INPUTS: &str = "voidbox-inputs";
 const OUTPUTS: &str = "voidbox-outputs";
 /// Seconds allowed per attempt beyond the node's limit: boot and image pulls.
 const ATTEMPT_MARGIN_SECS: u64 = 600;
+/// The `workflow_dispatch` input carrying the run's input.
+const INPUT: &str = "input";
 /// Install, cache and artifact steps of one job.
 const JOB_MARGIN_SECS: u64 = 600;
 
@@ -66,6 +68,18 @@ pub fn export(plan: &Plan, args: &ExportArgs) -> Result<String, Vec<String>> {
         Some(p) => p.clone(),
         None => repo_relative(&args.file)?,
     };
+    let input = super::run_input(args)?;
+    let exported_input = match input {
+        None => None,
+        Some(bytes) => match String::from_utf8(bytes) {
+            Ok(text) if !text.contains('\0') => Some(text),
+            _ => {
+                return Err(vec![
+                    "--input: GitHub Actions passes the input in an environment variable, which holds UTF-8 text without NUL bytes only".into(),
+                ])
+            }
+        },
+    };
     let ex = Export::new(plan, Format::GithubActions, &[])?;
     let install = Install {
         repo,
@@ -73,7 +87,17 @@ pub fn export(plan: &Plan, args: &ExportArgs) -> Result<String, Vec<String>> {
     };
     let mut jobs = Map::new();
     for t in &ex.tasks {
-        jobs.insert(t.name.clone(), node_job(&ex, t, &install, &spec_path, args));
+        jobs.insert(
+            t.name.clone(),
+            node_job(
+                &ex,
+                t,
+                &install,
+                &spec_path,
+                args,
+                exported_input.as_deref(),
+            ),
+        );
     }
     if let Some(f) = &ex.final_task {
         jobs.insert(f.clone(), final_job(&ex, &install, &spec_path, args));
@@ -83,9 +107,23 @@ pub fn export(plan: &Plan, args: &ExportArgs) -> Result<String, Vec<String>> {
     if fail_fast {
         permissions["actions"] = json!("write");
     }
+    let mut dispatch = json!({});
+    if ex.tasks.iter().any(|t| t.run_input) {
+        let default = if exported_input.is_some() {
+            "the input given to `voidbox export --input`"
+        } else {
+            "none"
+        };
+        dispatch["inputs"] = json!({INPUT: {
+            "description": format!("The run's input, inline JSON as `voidbox apply --input` takes it (empty: {default})"),
+            "type": "string",
+            "required": false,
+            "default": "",
+        }});
+    }
     let workflow = json!({
         "name": literal(&format!("voidbox: {}", plan.name)),
-        "on": {"workflow_dispatch": {}},
+        "on": {"workflow_dispatch": dispatch},
         "permissions": permissions,
         "jobs": jobs,
     });
@@ -219,7 +257,14 @@ fn job_header(
 }
 
 /// One node's job.
-fn node_job(ex: &Export, t: &Task, install: &Install, spec_path: &str, args: &ExportArgs) -> Value {
+fn node_job(
+    ex: &Export,
+    t: &Task,
+    install: &Install,
+    spec_path: &str,
+    args: &ExportArgs,
+    exported_input: Option<&str>,
+) -> Value {
     let node = &ex.plan.graph[t.index];
     let attempts = u64::from(node.retries) + 1;
     let secs =
@@ -242,11 +287,32 @@ fn node_job(ex: &Export, t: &Task, install: &Install, spec_path: &str, args: &Ex
     } else {
         format!(" --inputs {INPUTS}")
     };
+    // A root node takes the run's input: the dispatch input when given (inline JSON, checked
+    // as `apply --input` checks it), else the exported one (its bytes, through a file).
+    let (set_input, input_args) = if t.run_input {
+        env.insert(
+            "VOIDBOX_INPUT".into(),
+            json!(format!("${{{{ inputs.{INPUT} }}}}")),
+        );
+        let otherwise = match exported_input {
+            Some(text) => {
+                env.insert("VOIDBOX_EXPORTED_INPUT".into(), json!(literal(text)));
+                "else\n  printf '%s' \"$VOIDBOX_EXPORTED_INPUT\" > \"$RUNNER_TEMP/voidbox-input\"\n  set -- --input \"@$RUNNER_TEMP/voidbox-input\"\n"
+            }
+            None => "",
+        };
+        (
+            format!("set --\nif [ -n \"$VOIDBOX_INPUT\" ]; then\n  set -- --input \"$VOIDBOX_INPUT\"\n{otherwise}fi\n"),
+            " \"$@\"",
+        )
+    } else {
+        (String::new(), "")
+    };
     steps.push(json!({
         "name": literal(&format!("voidbox apply --node {}", node.name)),
         "env": env,
         "run": format!(
-            "voidbox apply \"$VOIDBOX_SPEC\" --node \"$VOIDBOX_NODE\"{inputs} --outputs {OUTPUTS} \\\n  --junit {OUTPUTS}/junit.xml --logs-dir {OUTPUTS}/logs\n"
+            "{set_input}voidbox apply \"$VOIDBOX_SPEC\" --node \"$VOIDBOX_NODE\"{inputs}{input_args} --outputs {OUTPUTS} \\\n  --junit {OUTPUTS}/junit.xml --logs-dir {OUTPUTS}/logs\n"
         ),
     }));
     steps.push(upload_step(&t.name));

@@ -37,6 +37,11 @@ pub struct ExportArgs {
     /// Write to FILE instead of stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// The run's input, as `apply --input` takes it (inline JSON, or `@FILE` passed as it
+    /// is), carried in the export to the nodes that take the run's input. Argo: in the
+    /// run's ConfigMap. GitHub Actions: the default of the `input` dispatch input.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub input: Option<String>,
     /// Argo: the container image holding voidbox and its guest images (required).
     #[arg(long, value_name = "REF")]
     pub image: Option<String>,
@@ -109,6 +114,8 @@ pub struct Task {
     pub memory_mb: u64,
     /// A sidecar service: runs beside its dependents.
     pub sidecar: bool,
+    /// It takes the run's input (`apply --input`): a root node of a pipeline or workflow.
+    pub run_input: bool,
 }
 
 /// A plan ready to export.
@@ -286,6 +293,7 @@ impl<'a> Export<'a> {
                         + crate::apply::VM_OVERHEAD_MB
                         + RUNNER_OVERHEAD_MB,
                     sidecar: plan.is_sidecar(idx),
+                    run_input: matches!(node.input, crate::plan::Input::RunInput),
                 }
             })
             .collect();
@@ -308,6 +316,15 @@ impl<'a> Export<'a> {
             })
             .collect()
     }
+}
+
+/// `--input` read as `apply --input` reads it; `None` without it.
+pub fn run_input(args: &ExportArgs) -> Result<Option<Vec<u8>>, Vec<String>> {
+    args.input
+        .as_deref()
+        .map(crate::apply::parse_input)
+        .transpose()
+        .map_err(|e| vec![e])
 }
 
 /// The directory a node's results are unpacked into under the node runner's `--inputs`.

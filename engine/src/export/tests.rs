@@ -58,12 +58,12 @@ fn argo_dag_carries_dependencies_artifacts_retries_and_resources() {
     )
     .unwrap();
     let docs = yaml_docs(&text);
-    assert_eq!(docs[0]["kind"], "ConfigMap");
     assert_eq!(
-        docs[0]["data"]["spec.yaml"], FAN,
-        "the spec is carried whole"
+        docs.len(),
+        1,
+        "one document: the ConfigMap is the run's own"
     );
-    let wf = &docs[1];
+    let wf = &docs[0];
     assert_eq!(wf["kind"], "Workflow");
     assert_eq!(wf["spec"]["parallelism"], 4);
     let tpls = wf["spec"]["templates"].as_array().unwrap();
@@ -72,11 +72,22 @@ fn argo_dag_carries_dependencies_artifacts_retries_and_resources() {
     let tasks = dag["tasks"].as_array().unwrap();
     let names: Vec<&str> = tasks.iter().map(|t| t["name"].as_str().unwrap()).collect();
     // The plan's output is the fan-out's merge: one more task builds it.
-    assert_eq!(names, ["seed", "a-1", "a-1-2", "n-9lives", "final-output"]);
-    assert_eq!(tasks[1]["depends"], "seed");
-    assert_eq!(tasks[4]["depends"], "a-1 && a-1-2 && n-9lives");
     assert_eq!(
-        tasks[1]["arguments"]["artifacts"][0]["from"],
+        names,
+        [
+            "voidbox-spec",
+            "seed",
+            "a-1",
+            "a-1-2",
+            "n-9lives",
+            "final-output"
+        ]
+    );
+    assert_eq!(tasks[1]["depends"], "voidbox-spec");
+    assert_eq!(tasks[2]["depends"], "voidbox-spec && seed");
+    assert_eq!(tasks[5]["depends"], "a-1 && a-1-2 && n-9lives");
+    assert_eq!(
+        tasks[2]["arguments"]["artifacts"][0]["from"],
         "{{tasks.seed.outputs.artifacts.results}}"
     );
     let tpl = |n: &str| tpls.iter().find(|t| t["name"] == n).unwrap();
@@ -126,7 +137,7 @@ fn argo_dag_carries_dependencies_artifacts_retries_and_resources() {
         ]),
     )
     .unwrap();
-    let wf = &yaml_docs(&text)[1];
+    let wf = &yaml_docs(&text)[0];
     assert_eq!(wf["kind"], "WorkflowTemplate");
     assert_eq!(wf["spec"]["volumes"][1]["hostPath"]["path"], "/dev/kvm");
     let c = &wf["spec"]["templates"][1]["container"];
@@ -142,7 +153,7 @@ fn argo_sidecars_are_daemons_reached_at_their_pod_ip() {
     let plan = compile_for_test(src);
     let wf = &yaml_docs(
         &argo::export(&plan, src, &args(&["--format", "argo", "--image", "r/v:1"])).unwrap(),
-    )[1];
+    )[0];
     let tpls = wf["spec"]["templates"].as_array().unwrap();
     let web = &tpls[1];
     assert_eq!(web["daemon"], true);
@@ -182,10 +193,67 @@ fn argo_sidecars_are_daemons_reached_at_their_pod_ip() {
     );
     let args = quiet["container"]["args"].as_array().unwrap();
     assert!(!args.iter().any(|a| a == "--service-listen"), "{args:?}");
+    let dag = &wf["spec"]["templates"][0]["dag"]["tasks"];
+    assert_eq!(dag[4]["name"], "check");
+    assert_eq!(dag[4]["depends"], "voidbox-spec && web && quiet");
+    // Each service starts after its NetworkPolicy exists.
+    assert_eq!(dag[3]["depends"], "voidbox-spec && web-policy");
+}
+
+/// The run's ConfigMap: made by the first task, named after the Workflow, owned by it, and
+/// carrying the spec and the run's input as base64 that Argo's `{{…}}` expansion cannot touch;
+/// only the nodes taking the run's input read it.
+#[test]
+fn argo_config_map_is_the_runs_own_and_carries_the_input() {
+    use base64::Engine as _;
+    let src = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - {name: a, run: {program: cat}}\n    - {name: b, run: {program: echo, args: [\"{{workflow.name}}\"]}}\n    - {name: c, depends_on: [a, b], run: {program: cat}}\n";
+    let plan = compile_for_test(src);
+    let input = "{\"q\": \"{{workflow.uid}}\"}";
+    let text = argo::export(
+        &plan,
+        src,
+        &args(&["--format", "argo", "--image", "r/v:1", "--input", input]),
+    )
+    .unwrap();
+    let wf = &yaml_docs(&text)[0];
+    let tpls = wf["spec"]["templates"].as_array().unwrap();
+    let tpl = |n: &str| tpls.iter().find(|t| t["name"] == n).unwrap();
+    let res = &tpl("voidbox-spec")["resource"];
+    assert_eq!(res["action"], "create");
+    assert_eq!(res["setOwnerReference"], true);
+    let cm = voidbox_spec::yaml::parse(res["manifest"].as_str().unwrap())
+        .unwrap()
+        .to_json();
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(cm["metadata"]["name"], "{{workflow.name}}-spec");
     assert_eq!(
-        wf["spec"]["templates"][0]["dag"]["tasks"][1]["depends"],
-        "web && quiet"
+        wf["spec"]["volumes"][0]["configMap"]["name"],
+        "{{workflow.name}}-spec"
     );
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let decode = |k: &str| b64.decode(cm["binaryData"][k].as_str().unwrap()).unwrap();
+    assert_eq!(decode("spec.yaml"), src.as_bytes());
+    assert_eq!(decode("input"), input.as_bytes());
+    // Argo expands `{{…}}` in a manifest: none of the user's text is there as text.
+    assert_eq!(res["manifest"].as_str().unwrap().matches("{{").count(), 1);
+    let has_input = |n: &str| {
+        let a = &tpl(n)["container"]["args"];
+        a.as_array()
+            .unwrap()
+            .windows(2)
+            .any(|w| w[0] == "--input" && w[1] == "@/voidbox/spec/input")
+    };
+    assert!(has_input("a") && has_input("b") && !has_input("c"));
+    // Without --input no node reads one and the ConfigMap has no input key.
+    let text = argo::export(&plan, src, &args(&["--format", "argo", "--image", "r/v:1"])).unwrap();
+    assert!(!text.contains("--input") && !text.contains("  input:"));
+    let e = argo::export(
+        &plan,
+        src,
+        &args(&["--format", "argo", "--image", "r/v:1", "--input", "{x"]),
+    )
+    .unwrap_err();
+    assert!(e[0].contains("--input is not valid JSON"), "{e:?}");
 }
 
 #[test]
@@ -257,6 +325,40 @@ fn github_jobs_need_their_upstream_and_never_evaluate_user_text() {
         .unwrap();
     assert_eq!(dl["with"]["name"], "voidbox-b");
     assert_eq!(dl["with"]["path"], "voidbox-inputs/b");
+    // The run's input: a dispatch input for the root node only, the exported one as its
+    // default (escaped, so never evaluated).
+    let a = args(&[
+        "--format",
+        "github-actions",
+        "--voidbox-repo",
+        "acme/voidbox",
+        "--spec-path",
+        "ci/w.yaml",
+        "--input",
+        "{\"k\": \"${{ secrets.X }}\"}",
+    ]);
+    let wf = &yaml_docs(&github::export(&plan, &a).unwrap())[0];
+    assert_eq!(
+        wf["on"]["workflow_dispatch"]["inputs"]["input"]["type"],
+        "string"
+    );
+    let run_of = |job: &str| {
+        wf["jobs"][job]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["env"]["VOIDBOX_NODE"].is_string())
+            .unwrap()
+            .clone()
+    };
+    let root = run_of("a-secrets-X");
+    assert_eq!(root["env"]["VOIDBOX_INPUT"], "${{ inputs.input }}");
+    assert_eq!(
+        root["env"]["VOIDBOX_EXPORTED_INPUT"],
+        "{\"k\": \"${{ '${{' }} secrets.X }}\"}"
+    );
+    assert!(root["run"].as_str().unwrap().contains("\"$@\""));
+    assert!(run_of("b")["env"].get("VOIDBOX_INPUT").is_none());
     let e = github::export(&plan, &args(&["--format", "github-actions"])).unwrap_err();
     assert!(e[0].contains("--voidbox-repo"), "{e:?}");
     let e = github::export(
