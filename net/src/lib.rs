@@ -32,12 +32,17 @@
 //! 2. destination [`DNS_IP`]: only port 53 (UDP and TCP), answered by the DNS proxy;
 //! 3. [`NetworkPolicy::public_egress`] off: denied ([`reasons::NO_EGRESS`]); only steps 1–2 remain;
 //! 4. anything else in 10.0.2.0/24: denied;
-//! 5. a [`NetworkPolicy::deny`] match: denied;
-//! 6. a default-deny range not in [`NetworkPolicy::allow`]: denied. IPv4: 0/8 and 240/4 and
-//!    255.255.255.255 (reserved), 127/8 (loopback), 10/8, 172.16/12, 192.168/16 (private),
-//!    169.254/16 (link-local, with the metadata address 169.254.169.254), 100.64/10 (CGNAT),
-//!    224/4 (multicast). IPv6 (DNS answers only): `::`, `::1`, fc00::/7, fe80::/10, ff00::/8,
-//!    IPv4-mapped `::ffff:0:0/96`;
+//! 5. a [`NetworkPolicy::deny`] match: denied; then an address of one of the host's own
+//!    interfaces, loopback aside (read in [`Nat::new`] over netlink and re-read before a new
+//!    flow once the last read is 50 ms old): denied ([`reasons::HOST`]) unless an `allow`
+//!    entry is exactly that address (`/32`, `/128`);
+//! 6. a default-deny range not in [`NetworkPolicy::allow`]: denied. IPv4: 0/8 (this
+//!    network), 192.0.0.0/24 (protocol assignments), 192.0.2.0/24, 198.51.100.0/24 and
+//!    203.0.113.0/24 (documentation), 198.18/15 (benchmarking), 240/4 (reserved),
+//!    255.255.255.255 (limited broadcast), 127/8 (loopback), 10/8, 172.16/12, 192.168/16
+//!    (private), 169.254/16 (link-local, with the metadata address 169.254.169.254),
+//!    100.64/10 (CGNAT), 224/4 (multicast), each with its reason in [`reasons`]. IPv6 (DNS
+//!    answers only): `::`, `::1`, fc00::/7, fe80::/10, ff00::/8, IPv4-mapped `::ffff:0:0/96`;
 //! 7. [`NetworkPolicy::allow_domains`] non-empty and the address was not returned by this NAT's
 //!    resolver for an allowed name (directly or through a CNAME chain) during this VM's life:
 //!    denied (`allow` does not bypass this);
@@ -89,7 +94,9 @@
 //! [`NatConfig::services`]), `connect`, `getsockopt(SOL_SOCKET, SO_ERROR)`, `sendto`
 //! (with `MSG_NOSIGNAL`), `recvfrom`, `shutdown(SHUT_WR)`, `close` and, with published
 //! ports ([`NatConfig::publish`] and [`NatConfig::publish_unix`], bound and listening in
-//! [`Nat::new`]), `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`.
+//! [`Nat::new`]), `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`. The `AF_NETLINK` socket that
+//! re-reads the host's addresses is created in [`Nat::new`]; re-reading is a `sendto`
+//! without an address and `recvfrom`.
 
 #![forbid(unsafe_code)]
 
