@@ -9,7 +9,10 @@
 //! - nodes without `run.program` run the image's `Entrypoint`/`Cmd` in its `WorkingDir`
 //!   (created when missing); an image with neither is refused before any VM starts;
 //! - a pull that fails (unknown tag) ends `apply` with exit 3 and the spec location before
-//!   any VM starts.
+//!   any VM starts;
+//! - the guest image's own busybox: `wget -T` gives up on a host port that accepts and never
+//!   answers, and reports a denied address as refused (Debian bookworm's busybox 1.35
+//!   segfaulted on `-T`, before connecting, so the denial never happened).
 
 use std::path::Path;
 use std::process::Command;
@@ -315,4 +318,60 @@ fn a_user_kernel_and_gzip_initramfs_boot_with_the_agent_added() {
         "from-my-initramfs",
         "report: {doc}"
     );
+}
+
+/// `wget -T 2` in the guest: against a host port (allowed) whose listener accepts and never
+/// answers, it times out after about 2 s with exit 1; against a private address, the NAT's
+/// denial is what wget reports (exit 1, refused) and what the report's `network.denials`
+/// counts. Bookworm's busybox exited 139 at once in both, with no denial recorded.
+#[test]
+fn the_guest_s_wget_times_out_and_reports_denials() {
+    if guest_image().is_none() {
+        return;
+    }
+    // Never accepted: the kernel completes the handshake, nothing is ever sent back.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let home = tempfile::tempdir().unwrap();
+    let script = format!(
+        "t() {{ cut -d' ' -f1 /proc/uptime; }}; s=$(t); \
+         timeout 30 wget -q -T 2 -O- http://10.0.2.2:{port}/ 2>&1; echo \"silent=$? $s $(t)\"; \
+         timeout 30 wget -q -T 2 -O- http://10.1.2.3/ 2>&1; echo \"denied=$?\""
+    );
+    let spec = home.path().join("wget.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "kind: sandbox\nname: wget\nsandbox:\n  memory_mb: 128\n  network: {{allow_host_ports: [{port}]}}\nrun: {{program: sh, args: ['-c', {script:?}]}}\n"
+        ),
+    )
+    .unwrap();
+    let r = apply(home.path(), &spec);
+    assert_eq!(r.code, Some(0), "stderr:\n{}", r.stderr);
+    let doc: Value = serde_json::from_str(&r.stdout).expect("JSON report");
+    let out = doc["output"].as_str().unwrap_or_default();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "report: {doc}");
+    assert_eq!(lines[0], "wget: download timed out", "report: {doc}");
+    let silent_line: Vec<&str> = lines[1].split(' ').collect();
+    assert_eq!(silent_line[0], "silent=1", "report: {doc}");
+    let took = silent_line[2].parse::<f64>().unwrap() - silent_line[1].parse::<f64>().unwrap();
+    assert!((1.9..20.0).contains(&took), "wget -T 2 took {took} s");
+    assert_eq!(
+        lines[2..],
+        [
+            "wget: can't connect to remote host (10.1.2.3): Connection refused",
+            "denied=1"
+        ],
+        "report: {doc}"
+    );
+    let node = &doc["nodes"][0];
+    let denied = node["network"]["denials"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["destination"] == "10.1.2.3" && d["port"] == 80 && d["protocol"] == "tcp")
+        .unwrap_or_else(|| panic!("no denial of 10.1.2.3:80 in {}", node["network"]));
+    assert!(denied["count"].as_u64().unwrap_or(0) >= 1, "{denied}");
+    drop(silent);
 }
