@@ -1,5 +1,7 @@
 //! `voidbox validate`'s diagnostics as LSP diagnostics: the same validation (same code
-//! path, same host facts as the CLI passes), the same codes, ranges and help.
+//! path, same host facts as the CLI passes), the same codes, ranges and help. A YAML file
+//! that is not a spec (a CI workflow, a Kubernetes manifest) gets none, by the rule
+//! `validate <dir>` skips it by ([`looks_like_spec`]).
 
 use std::path::Path;
 
@@ -8,10 +10,12 @@ use lsp_types::{
 };
 use voidbox_spec::diagnostic::Severity;
 use voidbox_spec::validate::{validate_source_with, HostFacts};
+use voidbox_spec::yaml::looks_like_spec;
 
 use crate::document::Document;
 
-/// Validates `doc` (relative paths against `base`) and converts what `validate` reports.
+/// Validates `doc` (relative paths against `base`) and converts what `validate` reports;
+/// nothing for a document that is not a spec.
 pub fn of(
     uri: &Uri,
     name: &str,
@@ -19,6 +23,9 @@ pub fn of(
     base: &Path,
     facts: HostFacts<'_>,
 ) -> Vec<Diagnostic> {
+    if !looks_like_spec(&doc.text) {
+        return Vec::new();
+    }
     let v = validate_source_with(name, doc.text.clone(), base, facts);
     v.report
         .diagnostics

@@ -33,6 +33,25 @@ impl Document {
         }
     }
 
+    /// Applies one `didChange` content change: `range` (in UTF-16 positions of the text as it
+    /// is before this change) replaced by `text`, or the whole text when `range` is `None`.
+    /// Positions past a line's end or past the text are clamped, as [`offset`](Self::offset)
+    /// does; a range whose end is before its start is taken as empty.
+    pub fn edit(&mut self, range: Option<Range>, text: &str) {
+        match range {
+            None => self.text = text.to_string(),
+            Some(r) => {
+                let start = self.offset(r.start);
+                let end = self.offset(r.end).max(start);
+                self.text.replace_range(start..end, text);
+            }
+        }
+        self.line_starts = vec![0];
+        self.line_starts
+            .extend(self.text.match_indices('\n').map(|(i, _)| i + 1));
+        self.root = OnceLock::new();
+    }
+
     /// The YAML tree with spans, parsed once per version; `None` while it does not parse.
     pub fn root(&self) -> Option<&Node> {
         self.root
@@ -58,10 +77,14 @@ impl Document {
         let Some(&start) = self.line_starts.get(p.line as usize) else {
             return self.text.len();
         };
-        let end = self
+        let mut end = self
             .line_starts
             .get(p.line as usize + 1)
             .map_or(self.text.len(), |&e| e.saturating_sub(1));
+        // A CRLF line ends before its `\r`.
+        if end > start && self.text.as_bytes()[end - 1] == b'\r' {
+            end -= 1;
+        }
         let mut units = 0u32;
         for (i, c) in self.text[start..end].char_indices() {
             if units >= p.character {
@@ -112,5 +135,37 @@ mod tests {
         assert_eq!(d.position(4), Position::new(0, 3));
         assert_eq!(d.line(1), "b: 𝄞x");
         assert_eq!(d.line(7), "");
+    }
+
+    #[test]
+    fn ranged_edits_use_utf16_positions_of_the_text_before_them() {
+        let mut d = Document::new("a: é𝄞z\nb: 2\r\nc: 3\n".into(), 1);
+        // Replace `z` (after 1 + 2 UTF-16 units of `é𝄞`, i.e. character 6).
+        d.edit(
+            Some(Range::new(Position::new(0, 6), Position::new(0, 7))),
+            "Z",
+        );
+        assert_eq!(d.text, "a: é𝄞Z\nb: 2\r\nc: 3\n");
+        // Insert across lines, then delete a whole line; the parse follows.
+        d.edit(
+            Some(Range::new(Position::new(1, 4), Position::new(1, 4))),
+            "0\nx: 1",
+        );
+        assert_eq!(d.text, "a: é𝄞Z\nb: 20\nx: 1\r\nc: 3\n");
+        assert_eq!(d.line(2), "x: 1");
+        // Past a CRLF line's end: before its `\r`.
+        d.edit(
+            Some(Range::new(Position::new(2, 99), Position::new(2, 99))),
+            "1",
+        );
+        assert_eq!(d.line(2), "x: 11");
+        d.edit(
+            Some(Range::new(Position::new(0, 0), Position::new(1, 0))),
+            "",
+        );
+        assert_eq!(d.text, "b: 20\nx: 11\r\nc: 3\n");
+        assert!(d.root().is_some_and(|r| r.get("x").is_some()));
+        d.edit(None, "whole: 1\n");
+        assert_eq!((d.text.as_str(), d.line(1)), ("whole: 1\n", ""));
     }
 }

@@ -24,8 +24,12 @@ pub fn dotted(path: &[Seg]) -> String {
     s
 }
 
-/// The hover at byte `offset`: for the key under the cursor, or the key whose value it is.
+/// The hover at byte `offset`: for the key under the cursor, or the key whose value it is
+/// (none in a YAML file that is not a spec, such as a Kubernetes manifest's `kind`).
 pub fn at(doc: &Document, offset: usize) -> Option<Hover> {
+    if !voidbox_spec::yaml::looks_like_spec(&doc.text) {
+        return None;
+    }
     let hit = path::at_offset(doc.root()?, offset)?;
     let mut p = hit.path.clone();
     // A value inside a list (`boxes: [a, b]`): the list's field.

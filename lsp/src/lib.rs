@@ -2,7 +2,8 @@
 //! (no VMM, no runtime).
 //!
 //! It publishes exactly `voidbox validate`'s diagnostics (same validation, same codes,
-//! ranges and help) when a file is opened and after every edit, and answers hover (the
+//! ranges and help) when a file is opened and after every edit (synced incrementally), none
+//! for a YAML file that is not a spec (`validate <dir>`'s rule), and answers hover (the
 //! field's schema description and accepted values), completion (field names the mapping
 //! takes, enumeration values), go-to-definition (from a box or step name in `stages`,
 //! `depends_on`, `stdin_from` or `output_step` to its box or step) and document symbols
@@ -11,8 +12,8 @@
 //! | module | owns |
 //! |---|---|
 //! | [`server`] | the loop, capabilities, documents, `file:` URIs |
-//! | [`document`] | byte offsets ⇄ LSP positions (UTF-16) |
-//! | [`path`] | the cursor as a YAML path (parsed tree, or indentation while typing) |
+//! | [`document`] | byte offsets ⇄ LSP positions (UTF-16), ranged edits |
+//! | [`path`] | the cursor as a YAML path (parsed tree, or indentation and flow collections while typing) |
 //! | [`schema_nav`] | the JSON Schema walked along a path |
 //! | [`diagnostics`], [`hover`], [`completion`], [`definition`], [`symbols`] | the features |
 

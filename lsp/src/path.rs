@@ -1,6 +1,7 @@
 //! Where the cursor is in a spec, as a path of mapping keys and sequence items: exactly from
 //! the parsed YAML tree ([`at_offset`]) when the document parses, or from indentation
-//! ([`at_line`]) while it is being typed and does not parse yet (block style).
+//! ([`at_line`]) while it is being typed and does not parse yet (block style, and flow
+//! mappings and sequences opened on the cursor's line: `- {type: box, na`).
 
 use voidbox_spec::diagnostic::Span;
 use voidbox_spec::yaml::{Node, NodeKind};
@@ -200,6 +201,145 @@ fn siblings(lines: &[&str], line_no: usize, col: usize) -> Vec<String> {
     out
 }
 
+/// Removes the quotes around a scalar (and an unclosed opening one).
+fn unquote(s: &str) -> &str {
+    s.trim().trim_matches(|c| c == '"' || c == '\'')
+}
+
+/// One open collection while scanning a line for flow style.
+#[derive(Default)]
+struct Flow {
+    /// The line's block-level content (`key: value`), not a flow collection.
+    block: bool,
+    /// A flow sequence (`[`), else a mapping (`{`, or the block level).
+    seq: bool,
+    /// The path step from the enclosing collection to this one.
+    seg: Option<Seg>,
+    /// The key of the entry being typed (its `:` seen).
+    key: Option<String>,
+    /// Keys of this mapping's entries so far.
+    present: Vec<String>,
+    /// The sequence item being typed.
+    item: usize,
+    /// Byte offset where the current key or value starts.
+    start: usize,
+    /// The current entry's value is a collection that has closed already.
+    closed: bool,
+}
+
+/// What is being typed at the end of `typed` (a line's content after its indentation and
+/// item marker, whose block mapping is at `base`) inside a flow collection opened on this
+/// line: `None` when the line opens none (block style: the caller decides), `Some(None)`
+/// when there is nothing to complete (after a closed collection, in a comment).
+fn flow(typed: &str, base: &[Seg]) -> Option<Option<Typing>> {
+    let mut stack = vec![Flow {
+        block: true,
+        ..Flow::default()
+    }];
+    let mut opened = false;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut chars = typed.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if q == '"' && c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        let top = stack.last_mut()?;
+        let pending = typed[top.start..i].trim();
+        match c {
+            '"' | '\'' if pending.is_empty() => quote = Some(c),
+            '#' if i == 0 || typed[..i].ends_with([' ', '\t']) => {
+                return opened.then_some(None);
+            }
+            ':' if !top.seq
+                && top.key.is_none()
+                && chars
+                    .peek()
+                    .is_none_or(|&(_, n)| matches!(n, ' ' | '\t' | ',' | '}' | ']')) =>
+            {
+                let k = unquote(pending).to_string();
+                if !top.block {
+                    top.present.push(k.clone());
+                }
+                top.key = Some(k);
+                top.start = i + 1;
+            }
+            '{' | '[' if pending.is_empty() && !top.closed => {
+                let seg = if top.seq {
+                    Some(Seg::Item(top.item))
+                } else if let Some(k) = &top.key {
+                    Some(Seg::Key(k.clone()))
+                } else if top.block {
+                    // The line's item itself (`- {…}`).
+                    None
+                } else {
+                    // A collection as a key: nothing to complete.
+                    return Some(None);
+                };
+                opened = true;
+                stack.push(Flow {
+                    seq: c == '[',
+                    seg,
+                    start: i + 1,
+                    ..Flow::default()
+                });
+            }
+            ',' if !top.block => {
+                if top.seq {
+                    top.item += 1;
+                } else {
+                    top.key = None;
+                }
+                top.start = i + 1;
+                top.closed = false;
+            }
+            '}' | ']' if !top.block => {
+                stack.pop();
+                let parent = stack.last_mut()?;
+                parent.closed = true;
+                parent.start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !opened {
+        return None;
+    }
+    let top = stack.last()?;
+    if top.block || top.closed {
+        return Some(None);
+    }
+    let mut path = base.to_vec();
+    path.extend(stack.iter().filter_map(|f| f.seg.clone()));
+    let prefix = unquote(&typed[top.start..]).to_string();
+    if top.seq {
+        path.push(Seg::Item(top.item));
+        return Some(Some(Typing::Value { path, prefix }));
+    }
+    if let Some(k) = &top.key {
+        path.push(Seg::Key(k.clone()));
+        return Some(Some(Typing::Value { path, prefix }));
+    }
+    if prefix
+        .chars()
+        .any(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+    {
+        return Some(None);
+    }
+    Some(Some(Typing::Key {
+        path,
+        prefix,
+        present: top.present.clone(),
+    }))
+}
+
 /// What is being typed at `character` (a byte column) of line `line_no` of `text`.
 pub fn at_line(text: &str, line_no: usize, character: usize) -> Option<Typing> {
     let lines: Vec<&str> = text.split('\n').map(|l| l.trim_end_matches('\r')).collect();
@@ -217,6 +357,9 @@ pub fn at_line(text: &str, line_no: usize, character: usize) -> Option<Typing> {
         let mut p = parents(&lines, line_no, ind, true);
         p.push(Seg::Item(usize::MAX));
         path = p;
+    }
+    if let Some(t) = flow(typed, &path) {
+        return t;
     }
     if let Some((k, v)) = typed.split_once(':') {
         let key = k.trim().to_string();
@@ -317,6 +460,92 @@ mod tests {
                 path: vec![key("pipeline"), key("stages"), ITEM],
                 prefix: "ty".into(),
                 present: vec![],
+            })
+        );
+        assert_eq!(
+            at_line("na\n", 0, 2),
+            Some(Typing::Key {
+                path: vec![],
+                prefix: "na".into(),
+                present: vec![],
+            })
+        );
+    }
+
+    #[test]
+    fn typed_keys_and_values_inside_flow_collections() {
+        let at_end = |src: &str| {
+            let line = src.lines().count() - 1;
+            at_line(src, line, src.lines().last().unwrap().len())
+        };
+        let stages = vec![key("pipeline"), key("stages"), ITEM];
+        // An item that is a flow mapping: its keys, without those it has.
+        assert_eq!(
+            at_end("pipeline:\n  stages:\n    - {type: box, na"),
+            Some(Typing::Key {
+                path: stages.clone(),
+                prefix: "na".into(),
+                present: vec!["type".into()],
+            })
+        );
+        // A value inside it, quoted or not.
+        let mut ty = stages.clone();
+        ty.push(key("type"));
+        for line in ["- {type: b", "- {name: x, type: \"b", "- { type:b"] {
+            let want = if line.ends_with(":b") {
+                None
+            } else {
+                Some(Typing::Value {
+                    path: ty.clone(),
+                    prefix: "b".into(),
+                })
+            };
+            assert_eq!(
+                at_end(&format!("pipeline:\n  stages:\n    {line}")),
+                want,
+                "{line}"
+            );
+        }
+        // A key's value that is a flow mapping, nested, with a sequence and a comma in quotes.
+        let src =
+            "pipeline:\n  boxes:\n    - name: a\n      run: {program: sh, args: ['a, b: {'], ti";
+        assert_eq!(
+            at_end(src),
+            Some(Typing::Key {
+                path: vec![key("pipeline"), key("boxes"), ITEM, key("run")],
+                prefix: "ti".into(),
+                present: vec!["program".into(), "args".into()],
+            })
+        );
+        assert_eq!(
+            at_end("pipeline:\n  boxes: [{name: a}, {run: {pro"),
+            Some(Typing::Key {
+                path: vec![key("pipeline"), key("boxes"), Seg::Item(1), key("run")],
+                prefix: "pro".into(),
+                present: vec![],
+            })
+        );
+        assert_eq!(
+            at_end("pipeline:\n  stages: [{type: fan_out, boxes: [a, b"),
+            Some(Typing::Value {
+                path: vec![
+                    key("pipeline"),
+                    key("stages"),
+                    Seg::Item(0),
+                    key("boxes"),
+                    Seg::Item(1)
+                ],
+                prefix: "b".into(),
+            })
+        );
+        // Nothing after a closed collection, in a comment, or in a plain scalar's brace.
+        assert_eq!(at_end("pipeline:\n  stages:\n    - {type: box} "), None);
+        assert_eq!(at_end("pipeline:\n  stages:\n    - {type: box, # na"), None);
+        assert_eq!(
+            at_end("x:\n  run: echo {a"),
+            Some(Typing::Value {
+                path: vec![key("x"), key("run")],
+                prefix: "echo {a".into(),
             })
         );
         assert_eq!(

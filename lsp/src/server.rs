@@ -1,5 +1,7 @@
 //! The server loop: one thread reading requests and notifications in order, documents kept
-//! whole (full sync), diagnostics published after every open and change.
+//! up to date from incremental changes (ranges in UTF-16 positions), diagnostics published
+//! after every open and change (none for YAML files that are not specs, as `validate <dir>`
+//! skips them).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,7 +28,9 @@ use crate::{completion, definition, diagnostics, hover, symbols};
 /// What the server announces.
 pub fn capabilities() -> ServerCapabilities {
     ServerCapabilities {
-        text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
+        text_document_sync: Some(TextDocumentSyncCapability::Kind(
+            TextDocumentSyncKind::INCREMENTAL,
+        )),
         hover_provider: Some(HoverProviderCapability::Simple(true)),
         completion_provider: Some(CompletionOptions {
             trigger_characters: Some(vec![":".into(), " ".into()]),
@@ -136,12 +140,22 @@ impl<'f> Server<'f> {
             DidChangeTextDocument::METHOD => {
                 let p: lsp_types::DidChangeTextDocumentParams =
                     serde_json::from_value(n.params).ok()?;
-                // Full sync: the last change holds the whole text.
-                let text = p.content_changes.into_iter().last()?.text;
-                let doc = Document::new(text, p.text_document.version);
-                self.docs
-                    .insert(p.text_document.uri.as_str().to_string(), doc);
-                Some(p.text_document.uri)
+                let uri = p.text_document.uri;
+                let whole = p.content_changes.first().is_some_and(|c| c.range.is_none());
+                let doc = match self.docs.entry(uri.as_str().to_string()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    // Not opened: only a whole text can start it.
+                    std::collections::hash_map::Entry::Vacant(e) if whole => {
+                        e.insert(Document::new(String::new(), p.text_document.version))
+                    }
+                    std::collections::hash_map::Entry::Vacant(_) => return None,
+                };
+                // Applied in order: each change's range is in the text the previous left.
+                for change in &p.content_changes {
+                    doc.edit(change.range, &change.text);
+                }
+                doc.version = p.text_document.version;
+                Some(uri)
             }
             DidCloseTextDocument::METHOD => {
                 let p: lsp_types::DidCloseTextDocumentParams =

@@ -45,7 +45,11 @@ impl Client {
         };
         let init = c.request("initialize", json!({"capabilities": {}}));
         let caps = &init["capabilities"];
-        assert_eq!(caps["textDocumentSync"], json!(1), "full sync: {init}");
+        assert_eq!(
+            caps["textDocumentSync"],
+            json!(2),
+            "incremental sync: {init}"
+        );
         assert_eq!(caps["hoverProvider"], json!(true));
         assert_eq!(caps["definitionProvider"], json!(true));
         assert_eq!(caps["documentSymbolProvider"], json!(true));
@@ -123,6 +127,22 @@ impl Client {
         self.notify(
             "textDocument/didChange",
             json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": [{"text": text}]}),
+        );
+    }
+
+    /// Ranged changes `(start line, start UTF-16 character, end line, end character, text)`,
+    /// applied in order, in one notification.
+    fn edit(&self, uri: &str, version: i32, changes: &[(u32, u32, u32, u32, &str)]) {
+        let changes: Vec<Value> = changes
+            .iter()
+            .map(|&(l0, c0, l1, c1, text)| {
+                json!({"range": {"start": {"line": l0, "character": c0},
+                                 "end": {"line": l1, "character": c1}}, "text": text})
+            })
+            .collect();
+        self.notify(
+            "textDocument/didChange",
+            json!({"textDocument": {"uri": uri, "version": version}, "contentChanges": changes}),
         );
     }
 
@@ -302,4 +322,157 @@ fn hover_completion_definition_and_symbols() {
     let id = c.send_request("textDocument/formatting", json!({}));
     let r = c.response(id);
     assert_eq!(r.error.map(|e| e.code), Some(-32601));
+}
+
+/// The UTF-16 position (line, character) just after the first `needle` in `text`.
+fn utf16_after(text: &str, needle: &str) -> (u32, u32) {
+    let off = text.find(needle).expect(needle) + needle.len();
+    let line_start = text[..off].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[..off].matches('\n').count() as u32;
+    (line, text[line_start..off].encode_utf16().count() as u32)
+}
+
+fn codes(d: &Value) -> Vec<&str> {
+    strings(&d["diagnostics"], "code")
+}
+
+#[test]
+fn incremental_changes_apply_utf16_ranges_in_order() {
+    // A box in flow style whose unknown field (`timeout_sec`) comes after characters that
+    // are 1 UTF-16 unit and 2 bytes (`é`), and 2 units and 4 bytes (`𝄞`).
+    let text = "api_version: v1
+kind: pipeline
+name: p
+pipeline:
+  boxes:
+    - {name: seed, run: {program: sh, args: [-c, 'echo é𝄞']}, timeout_sec: 5}
+    - name: count
+      run: {program: wc}
+  stages:
+    - {type: box, name: seed}
+    - {type: box, name: cuont}
+";
+    let mut c = Client::start();
+    let uri = "file:///specs/p.yaml";
+    c.open(uri, text);
+    let d = c.diagnostics();
+    assert!(codes(&d).contains(&"voidbox::unknown_field"), "{d}");
+    // One notification, two changes: the second's range is in the text the first left (a
+    // line inserted above shifts it by one). Counted in bytes or in chars, the `s` would land
+    // inside the string and the field would stay unknown.
+    let (line, ch) = utf16_after(text, "timeout_sec");
+    assert_eq!(ch, 74, "`é𝄞` count 3 UTF-16 units (chars: 73, bytes: 77)");
+    let (stage, name) = utf16_after(text, "name: cu");
+    c.edit(
+        uri,
+        2,
+        &[
+            (line, ch, line, ch, "s"),
+            (0, 0, 0, 0, "# 𝄞 first\n"),
+            (stage + 1, name - 2, stage + 1, name + 3, "count"),
+        ],
+    );
+    let d = c.diagnostics();
+    assert_eq!(d["version"], 2);
+    assert_eq!(d["diagnostics"], json!([]), "{d}");
+    // The server's text is the editor's: a definition lands on the shifted line.
+    let def = c.request(
+        "textDocument/definition",
+        json!({"textDocument": {"uri": uri}, "position": {"line": stage + 1, "character": name}}),
+    );
+    assert_eq!(
+        def["range"]["start"],
+        json!({"line": 7, "character": 12}),
+        "{def}"
+    );
+    // A deletion spanning lines, and a range past the line's end (clamped to it).
+    c.edit(uri, 3, &[(0, 0, 1, 0, ""), (1, 99, 1, 99, "x")]);
+    let d = c.diagnostics();
+    assert_eq!(d["version"], 3);
+    let d = d["diagnostics"].as_array().unwrap();
+    assert!(
+        d.iter().any(|x| x["range"]["start"]["line"] == 1),
+        "`kind: pipelinex` is no kind: {d:?}"
+    );
+}
+
+#[test]
+fn completion_inside_flow_mappings() {
+    let mut c = Client::start();
+    let uri = "file:///specs/p.yaml";
+    let text = "api_version: v1
+kind: pipeline
+name: p
+pipeline:
+  boxes:
+    - {name: a, run: {program: sh, ar
+  stages:
+    - {type: box, na
+    - {type: 
+";
+    c.open(uri, text);
+    c.diagnostics();
+    let complete = |c: &mut Client, line: u32, character: u32| {
+        let items = c.request(
+            "textDocument/completion",
+            json!({"textDocument": {"uri": uri}, "position": {"line": line, "character": character}}),
+        );
+        strings(&items, "label")
+            .into_iter()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // A stage's fields, without the `type` it has.
+    assert_eq!(complete(&mut c, 7, 20), ["name"]);
+    assert_eq!(
+        complete(&mut c, 7, 18).len(),
+        2,
+        "`name` and `boxes` after `, `"
+    );
+    // A stage type's values.
+    assert_eq!(complete(&mut c, 8, 13), ["box", "fan_out"]);
+    // A nested flow mapping: `run`'s fields.
+    assert_eq!(complete(&mut c, 5, 37), ["args"]);
+    // What the item takes after `name: a, `.
+    let fields = complete(&mut c, 5, 16);
+    assert!(
+        fields.contains(&"run".to_string()) && !fields.contains(&"name".to_string()),
+        "{fields:?}"
+    );
+}
+
+/// A Kubernetes ConfigMap: `validate <dir>` skips it; `validate` on it alone reports its
+/// fields as unknown.
+const CONFIG_MAP: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+data:
+  mode: fast
+";
+
+#[test]
+fn yaml_that_is_not_a_spec_gets_no_diagnostics_as_validate_dir_skips_it() {
+    assert!(
+        validate_says(CONFIG_MAP).len() >= 3,
+        "validated as a spec, a ConfigMap is all errors"
+    );
+    let mut c = Client::start();
+    let uri = "file:///deploy/configmap.yaml";
+    c.open(uri, CONFIG_MAP);
+    assert_eq!(c.diagnostics()["diagnostics"], json!([]));
+    let h = c.request("textDocument/hover", Client::at(uri, CONFIG_MAP, "kind", 1));
+    assert_eq!(
+        h,
+        Value::Null,
+        "no spec documentation on a manifest's `kind`"
+    );
+    let workflow = "on: push\njobs:\n  test: {runs-on: ubuntu-latest}\n";
+    c.open("file:///repo/.github/workflows/ci.yaml", workflow);
+    assert_eq!(c.diagnostics()["diagnostics"], json!([]));
+    // Once it says it is a spec (`apiVersion` becomes `api_version`), it is validated.
+    c.edit(uri, 2, &[(0, 0, 0, 10, "api_version")]);
+    let d = c.diagnostics();
+    assert_eq!(d["version"], 2);
+    assert!(codes(&d).len() >= 2, "{d}");
 }

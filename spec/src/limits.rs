@@ -41,17 +41,20 @@ const _: () = assert!(
 );
 
 /// The `clap` value range of `--memory-mb`.
+#[cfg(feature = "cli")]
 pub fn memory_mb_arg() -> clap::builder::RangedU64ValueParser<u32> {
     clap::builder::RangedU64ValueParser::<u32>::new().range(MIN_MEMORY_MB..=MAX_MEMORY_MB)
 }
 
 /// The `clap` value range of `--vcpus`.
+#[cfg(feature = "cli")]
 pub fn vcpus_arg() -> clap::builder::RangedU64ValueParser<u8> {
     clap::builder::RangedU64ValueParser::<u8>::new()
         .range(u64::from(MIN_VCPUS)..=u64::from(MAX_VCPUS))
 }
 
 /// The `clap` value range of a timeout in seconds.
+#[cfg(feature = "cli")]
 pub fn timeout_arg() -> clap::builder::RangedU64ValueParser<u64> {
     clap::builder::RangedU64ValueParser::<u64>::new().range(1..=MAX_TIMEOUT_SECS)
 }

@@ -1,7 +1,8 @@
 //! `voidbox-spec` stays a library a pre-commit hook or an editor can link: no VMM, KVM,
 //! seccomp, NAT, async runtime, HTTP stack, OCI client or telemetry exporter among its
 //! normal dependencies (issue 24). Read from `cargo tree`, which resolves features for this
-//! package alone, as `cargo build -p voidbox-spec` does.
+//! package alone, as `cargo build -p voidbox-spec` does. Without its `cli` feature (which only
+//! the `voidbox` binary turns on) it links no argument parser either (issue 34).
 
 use std::path::Path;
 use std::process::Command;
@@ -41,8 +42,9 @@ fn forbidden(name: &str) -> bool {
     })
 }
 
-/// `(name, version)` of every package in `voidbox-spec`'s normal dependency tree.
-fn normal_dependencies() -> Vec<(String, String)> {
+/// `(name, version)` of every package in `voidbox-spec`'s normal dependency tree, with
+/// `extra` cargo tree arguments (features).
+fn normal_dependencies(extra: &[&str]) -> Vec<(String, String)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     let out = Command::new(cargo)
@@ -56,6 +58,7 @@ fn normal_dependencies() -> Vec<(String, String)> {
             "none",
             "--locked",
         ])
+        .args(extra)
         .arg("--manifest-path")
         .arg(&manifest)
         .output()
@@ -79,7 +82,7 @@ fn normal_dependencies() -> Vec<(String, String)> {
 
 #[test]
 fn the_spec_crate_links_no_vmm_network_stack_async_runtime_or_exporter() {
-    let deps = normal_dependencies();
+    let deps = normal_dependencies(&[]);
     assert!(
         deps.iter().any(|(n, _)| n == "voidbox-spec")
             && deps.iter().any(|(n, _)| n == "jsonschema"),
@@ -93,6 +96,28 @@ fn the_spec_crate_links_no_vmm_network_stack_async_runtime_or_exporter() {
     assert!(
         bad.is_empty(),
         "voidbox-spec links {bad:?}; keep runtime crates in the engine (see `cargo tree -p voidbox-spec -i <crate>`)"
+    );
+}
+
+#[test]
+fn the_cli_parsers_are_behind_the_cli_feature() {
+    let is_clap = |n: &str| n == "clap" || n.starts_with("clap_");
+    let without = normal_dependencies(&["--no-default-features"]);
+    assert!(
+        without.iter().any(|(n, _)| n == "jsonschema"),
+        "cargo tree listed the schema validator: {without:?}"
+    );
+    let clap: Vec<&(String, String)> = without.iter().filter(|(n, _)| is_clap(n)).collect();
+    assert!(
+        clap.is_empty(),
+        "voidbox-spec links {clap:?} without its `cli` feature; keep clap derives behind \
+         `#[cfg_attr(feature = \"cli\", ...)]`"
+    );
+    // The feature is what brings clap in: the binary's parsers still have it.
+    let with = normal_dependencies(&["--no-default-features", "--features", "cli"]);
+    assert!(
+        with.iter().any(|(n, _)| n == "clap"),
+        "the `cli` feature links clap: {with:?}"
     );
 }
 

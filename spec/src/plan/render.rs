@@ -33,7 +33,8 @@ use super::{Action, Edge, Input, Output, Plan, PlanNode};
 use crate::model::OnFailure;
 
 /// Output formats of `voidbox graph`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum GraphFormat {
     /// Level-by-level text for terminals.
     Text,
