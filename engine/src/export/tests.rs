@@ -246,7 +246,7 @@ fn argo_config_map_is_the_runs_own_and_carries_the_input() {
     assert!(has_input("a") && has_input("b") && !has_input("c"));
     // Without --input no node reads one and the ConfigMap has no input key.
     let text = argo::export(&plan, src, &args(&["--format", "argo", "--image", "r/v:1"])).unwrap();
-    assert!(!text.contains("--input") && !text.contains("  input:"));
+    assert!(!text.contains("- \"--input\"\n") && !text.contains("  input:"));
     let e = argo::export(
         &plan,
         src,
