@@ -728,6 +728,13 @@ impl Connection {
             Arc::clone(&self.running),
         );
         self.spawn_worker(id, "read-file", move || {
+            if r.complete {
+                if let Err((code, message)) = crate::probe::complete(&agent.roots, &r.path) {
+                    writer.error(id, code, message);
+                    lock(&running).remove(&id);
+                    return;
+                }
+            }
             let chunk = r.chunk_size.map_or(FILE_CHUNK_SIZE, |c| c as usize);
             let res = agent.roots.read_chunks(
                 &r.path,
@@ -837,7 +844,7 @@ impl Connection {
         }
         let (writer, running) = (Arc::clone(&self.writer), Arc::clone(&self.running));
         self.spawn_worker(id, "probe", move || {
-            match crate::probe::open_ports(&p.ports) {
+            match crate::probe::open_ports(&p.ports, p.addr) {
                 Ok(open) => {
                     let _ = writer.send(&Message::PortsOpen(voidbox_protocol::PortsOpen {
                         id,

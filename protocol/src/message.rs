@@ -329,6 +329,9 @@ pub enum ErrorCode {
     Unsupported,
     /// Bug or unexpected failure in the agent.
     Internal,
+    /// The file is still open for writing by a guest process (a [`ReadFile`] with
+    /// `complete`): not yet complete.
+    Busy,
     /// A code this version does not know (forward compatibility).
     #[serde(other)]
     Unknown,
@@ -646,6 +649,11 @@ pub struct ReadFile {
     /// Preferred chunk size (guest default when `None`; capped by the guest).
     #[serde(default)]
     pub chunk_size: Option<u32>,
+    /// Only a complete file: refused with [`ErrorCode::Busy`] while any guest process holds
+    /// it open for writing (a service's ready file is read once it is written and closed, or
+    /// renamed into place).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub complete: bool,
 }
 
 /// Create a directory and any missing parents (`mkdir -p`). Answered by [`Ack`].
@@ -863,14 +871,18 @@ pub struct TelemetryRequest {
 /// Most ports one [`ProbePorts`] may name (the guest refuses more).
 pub const MAX_PROBE_PORTS: usize = 64;
 
-/// Ask the guest which of `ports` accept a TCP connection on its loopback (or its NIC's
-/// address): a service is ready when all of them do.
+/// Ask the guest which of `ports` accept a TCP connection at `addr` (its loopback when
+/// `None`): a service is ready when all of them do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbePorts {
     /// Request id.
     pub id: RequestId,
     /// The ports (at most [`MAX_PROBE_PORTS`], none zero).
     pub ports: Vec<u16>,
+    /// Where to connect: one of the guest's own addresses (the one its dependents reach it
+    /// at); `127.0.0.1` when `None`. Any other address is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<std::net::Ipv4Addr>,
 }
 
 /// The answer to a [`ProbePorts`].

@@ -70,8 +70,11 @@ fn a_sidecar_is_reached_by_name_from_its_dependents_only_and_stopped_after_them(
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // `web` serves a page; `a` and `b` fetch it by name; `outsider` (with network of its
-    // own) does not depend on `web`: neither its name nor its address reaches it.
+    // `web` serves a page, listening on its NIC address only (where its dependents'
+    // connections arrive: it is ready although nothing listens on its loopback); `a` and `b`
+    // fetch it by name, and get the run input (`web` hands them no output), as their file
+    // and stdin; `outsider` (with network of its own) does not depend on `web`: neither its
+    // name nor its address reaches it.
     let spec = r#"
 kind: workflow
 name: sidecar
@@ -82,20 +85,24 @@ workflow:
       ports: [8080]
       run:
         program: sh
-        args: ["-c", "mkdir -p /workspace/www && echo hello-from-web > /workspace/www/index.html && exec httpd -f -p 8080 -h /workspace/www"]
+        args: ["-c", "mkdir -p /workspace/www && echo hello-from-web > /workspace/www/index.html && exec httpd -f -p 10.0.2.15:8080 -h /workspace/www"]
     - name: a
       depends_on: [web]
-      run: {program: sh, args: ["-c", "timeout 30 wget -q -O- http://web:8080/index.html"]}
+      run: {program: sh, args: ["-c", "timeout 30 wget -q -O- http://web:8080/index.html; echo input=$(cat /workspace/input.json)"]}
     - name: b
       depends_on: [web]
-      run: {program: sh, args: ["-c", "timeout 30 wget -q -O- http://WEB:8080/index.html"]}
+      run: {program: sh, args: ["-c", "timeout 30 wget -q -O- http://WEB:8080/index.html; echo stdin=$(cat)"]}
     - name: outsider
       sandbox: {network: true}
       run:
         program: sh
         args: ["-c", "timeout 30 wget -q -O- http://web:8080/ >/dev/null 2>&1 || echo name-unreached; timeout 30 wget -q -O- http://10.0.3.1:8080/ 2>&1 | grep -q refused && echo address-refused; true"]
 "#;
-    let (code, doc, stderr) = apply_json(dir.path(), spec, &["--max-parallel", "4"]);
+    let (code, doc, stderr) = apply_json(
+        dir.path(),
+        spec,
+        &["--max-parallel", "4", "--input", "4242"],
+    );
     assert_eq!(code, Some(0), "stderr:\n{stderr}\n{doc}");
     for dep in ["a", "b"] {
         let n = node(&doc, dep);
@@ -103,6 +110,10 @@ workflow:
     }
     let out = doc["output"].to_string();
     assert_eq!(out.matches("hello-from-web").count(), 2, "{doc}");
+    assert!(
+        out.contains("input=4242") && out.contains("stdin=4242"),
+        "{doc}"
+    );
     assert!(
         out.contains("name-unreached") && out.contains("address-refused"),
         "{doc}"
@@ -177,7 +188,7 @@ workflow:
     assert_eq!(mute["service"]["ended"], "not_ready", "{mute}");
     assert_eq!(
         mute["error"],
-        "service not ready within ready_timeout_secs=5 s: port 9 accepted no connection"
+        "service not ready within ready_timeout_secs=5 s: port 9 accepted no connection at 10.0.2.15, the address its dependents reach (listen on 0.0.0.0 or 10.0.2.15)"
     );
     assert_eq!(node(&doc, "never")["status"], "skipped");
 }

@@ -23,7 +23,7 @@ pub const INPUT_FILE: &str = "/workspace/input.json";
 const STDERR_TAIL: usize = 8 * 1024;
 /// Grace after a node's timeout (its `timeout_secs`, else the default) before the host
 /// kills the VM.
-const HOST_DEADLINE_GRACE: Duration = Duration::from_secs(5);
+const HOST_DEADLINE_GRACE: Duration = crate::run::HOST_DEADLINE_GRACE;
 
 /// Runs attempts in fresh micro-VMs.
 pub struct VmExecutor {
@@ -294,6 +294,11 @@ impl VmExecutor {
         env.push(("VOIDBOX_ATTEMPT".into(), job.attempt.to_string()));
         match &job.node.action {
             Action::Command(c) => {
+                // A runtime program on the runtimes disk is found on `PATH`; the node's own
+                // `PATH`, set after, replaces it.
+                if !crate::node::command_runtimes::of(&job.node).is_empty() {
+                    env.insert(0, ("PATH".into(), crate::node::command_runtimes::path()));
+                }
                 env.extend(c.env.iter().map(|(k, v)| (k.clone(), v.clone())));
                 let (program, args) = crate::node::oci_images::command_line(c, vm)?;
                 Ok(Prepared {
@@ -421,6 +426,7 @@ impl VmExecutor {
         // A service's readiness is watched on a second connection while the command runs.
         let watch = job.node.service.as_ref().map(|svc| Watch {
             ports: svc.ports.clone(),
+            addr: self.services.probe_addr(&job.node.name),
             file: matches!(job.node.action, Action::Agent(_))
                 .then(|| output_file.clone())
                 .flatten(),
@@ -630,9 +636,12 @@ impl VmExecutor {
 
 /// What a service needs to be ready.
 struct Watch {
-    /// Each accepts a TCP connection in the guest.
+    /// Each accepts a TCP connection in the guest,
     ports: Vec<u16>,
-    /// An agent's output file exists (its content is the output its dependents get).
+    /// at this address of the guest (its loopback when `None`): where its dependents reach it.
+    addr: Option<std::net::Ipv4Addr>,
+    /// An agent's output file is complete: no guest process holds it open for writing (its
+    /// content is the output its dependents get).
     file: Option<String>,
     /// The bound (`ready_timeout_secs`).
     within: Duration,
@@ -663,24 +672,10 @@ fn watch_ready(
     let deadline = t0 + w.within;
     loop {
         let check = if !w.ports.is_empty() {
-            conn.probe_ports(&w.ports).map(|open| {
-                let closed: Vec<String> = w
-                    .ports
-                    .iter()
-                    .filter(|p| !open.contains(p))
-                    .map(u16::to_string)
-                    .collect();
-                match closed.len() {
-                    0 => Ok(Vec::new()),
-                    1 => Err(format!("port {} accepted no connection", closed[0])),
-                    _ => Err(format!(
-                        "ports {} accepted no connection",
-                        closed.join(", ")
-                    )),
-                }
-            })
+            conn.probe_ports(&w.ports, w.addr)
+                .map(|open| closed_ports(&w.ports, &open, w.addr))
         } else if let Some(path) = &w.file {
-            match conn.read_file(path, w.max_output.saturating_add(1)) {
+            match conn.read_complete_file(path, w.max_output.saturating_add(1)) {
                 Ok(data) if data.len() as u64 > w.max_output => {
                     Ok(Err(over_cap(path, data.len() as u64, w.max_output)))
                 }
@@ -689,6 +684,10 @@ fn watch_ready(
                     code: ErrorCode::NotFound,
                     ..
                 }) => Ok(Err(format!("{path} was not written"))),
+                Err(SandboxError::Guest {
+                    code: ErrorCode::Busy,
+                    ..
+                }) => Ok(Err(format!("{path} is still being written"))),
                 Err(e) => Err(e),
             }
         } else {
@@ -729,6 +728,32 @@ fn watch_ready(
     }
 }
 
+/// Ready (`Ok`) when every port of `ports` is in `open`; else why not, naming the address
+/// probed when it is not the loopback (a listener bound to 127.0.0.1 only is not reached
+/// there).
+fn closed_ports(
+    ports: &[u16],
+    open: &[u16],
+    addr: Option<std::net::Ipv4Addr>,
+) -> Result<Vec<u8>, String> {
+    let closed: Vec<String> = ports
+        .iter()
+        .filter(|p| !open.contains(p))
+        .map(u16::to_string)
+        .collect();
+    let at = addr.map_or(String::new(), |a| {
+        format!(" at {a}, the address its dependents reach (listen on 0.0.0.0 or {a})")
+    });
+    match closed.len() {
+        0 => Ok(Vec::new()),
+        1 => Err(format!("port {} accepted no connection{at}", closed[0])),
+        _ => Err(format!(
+            "ports {} accepted no connection{at}",
+            closed.join(", ")
+        )),
+    }
+}
+
 /// An attempt stopped from outside reports that, not the VM death it caused.
 fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
     match ctl.stopped() {
@@ -749,6 +774,20 @@ fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn closed_ports_name_the_address_probed() {
+        assert_eq!(closed_ports(&[80, 9], &[9, 80], None), Ok(Vec::new()));
+        assert_eq!(
+            closed_ports(&[9], &[], None),
+            Err("port 9 accepted no connection".to_string())
+        );
+        let e = closed_ports(&[80, 9, 7], &[80], Some(voidbox_net::GUEST_IP)).unwrap_err();
+        assert_eq!(
+            e,
+            "ports 9, 7 accepted no connection at 10.0.2.15, the address its dependents reach (listen on 0.0.0.0 or 10.0.2.15)"
+        );
+    }
 
     #[test]
     fn exec_refusals_get_shell_exit_codes() {

@@ -477,8 +477,11 @@ mod tests {
             .unwrap_err()
             .contains("not an IP"));
         assert!(parse_service("web").unwrap_err().contains("NAME=ADDR"));
-        // A sidecar upstream hands no output, so no --inputs is needed.
+        // A sidecar upstream hands no output, so no --inputs is needed: a node whose only
+        // upstream is one gets the run input.
         let job = prepare(&plan, a, None, None, 10).unwrap();
-        assert_eq!(job.input.file.as_deref(), Some(&b""[..]));
+        assert_eq!(job.input.file, None);
+        let job = prepare(&plan, a, None, Some(b"in"), 10).unwrap();
+        assert_eq!(job.input.file.as_deref(), Some(&b"in"[..]));
     }
 }

@@ -293,7 +293,7 @@ impl<'a> Export<'a> {
                         + crate::apply::VM_OVERHEAD_MB
                         + RUNNER_OVERHEAD_MB,
                     sidecar: plan.is_sidecar(idx),
-                    run_input: matches!(node.input, crate::plan::Input::RunInput),
+                    run_input: crate::scheduler::data::takes_run_input(plan, idx),
                 }
             })
             .collect();

@@ -186,6 +186,15 @@ impl ServiceNet {
         self.foreground.iter().any(|n| n == node)
     }
 
+    /// Where `node`'s readiness probe connects in its guest: the guest's NIC address when its
+    /// ports are reached through its NAT (by its dependents, or `--service-listen`), as a
+    /// listener bound only to that address is reached and one bound only to 127.0.0.1 is
+    /// not; its loopback (`None`) when nothing reaches it from outside.
+    pub fn probe_addr(&self, node: &str) -> Option<std::net::Ipv4Addr> {
+        (!self.listen(node).is_empty() || self.publish.contains_key(node))
+            .then_some(voidbox_net::GUEST_IP)
+    }
+
     /// `node`'s VM needs a network device for its services even without network of its own.
     pub fn needs_nic(&self, node: &str) -> bool {
         !self.listen(node).is_empty()
@@ -264,6 +273,11 @@ mod tests {
         assert!(net.needs_nic("web"));
         // `quiet` is a sidecar of `a`; no service is in the foreground.
         assert!(!net.foreground("quiet") && !net.foreground("web"));
+        // `web` is probed where its dependents' connections arrive; `quiet`, reached by
+        // nobody, on its loopback.
+        assert_eq!(net.probe_addr("web"), Some(voidbox_net::GUEST_IP));
+        assert_eq!(net.probe_addr("quiet"), None);
+        assert_eq!(net.probe_addr("a"), None);
     }
 
     #[test]

@@ -478,6 +478,25 @@ impl GuestConn {
 
     /// Reads a guest file, failing if it is larger than `max_len` bytes.
     pub fn read_file(&mut self, path: &str, max_len: u64) -> Result<Vec<u8>, SandboxError> {
+        self.read_file_as(path, max_len, false)
+    }
+
+    /// Reads a guest file once it is complete: while any guest process holds it open for
+    /// writing, the guest refuses with [`ErrorCode::Busy`](voidbox_protocol::ErrorCode).
+    pub fn read_complete_file(
+        &mut self,
+        path: &str,
+        max_len: u64,
+    ) -> Result<Vec<u8>, SandboxError> {
+        self.read_file_as(path, max_len, true)
+    }
+
+    fn read_file_as(
+        &mut self,
+        path: &str,
+        max_len: u64,
+        complete: bool,
+    ) -> Result<Vec<u8>, SandboxError> {
         let id = self.ids.next_id();
         self.send(
             "read_file",
@@ -487,6 +506,7 @@ impl GuestConn {
                 offset: 0,
                 max_len: Some(max_len.saturating_add(1)),
                 chunk_size: None,
+                complete,
             }),
         )?;
         let mut out = Vec::new();
@@ -584,15 +604,20 @@ impl GuestConn {
         }
     }
 
-    /// Which of `ports` accept a TCP connection in the guest (a service's readiness; the
-    /// guest agent connects on its loopback, no process starts).
-    pub fn probe_ports(&mut self, ports: &[u16]) -> Result<Vec<u16>, SandboxError> {
+    /// Which of `ports` accept a TCP connection in the guest at `addr`, one of its own
+    /// addresses (its loopback when `None`): a service's readiness; no process starts.
+    pub fn probe_ports(
+        &mut self,
+        ports: &[u16],
+        addr: Option<std::net::Ipv4Addr>,
+    ) -> Result<Vec<u16>, SandboxError> {
         let id = self.ids.next_id();
         self.send(
             "probe_ports",
             &Message::ProbePorts(voidbox_protocol::ProbePorts {
                 id,
                 ports: ports.to_vec(),
+                addr,
             }),
         )?;
         match self.recv_for("probe_ports", id)? {

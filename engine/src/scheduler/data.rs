@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::plan::{Input, Output, Plan};
+use crate::plan::{Action, Input, Output, Plan};
 use petgraph::graph::NodeIndex;
 
 /// One output as an element of a merged array: valid JSON stays JSON, anything else becomes
@@ -35,8 +35,33 @@ pub struct NodeInput {
     pub stdin: Option<Vec<u8>>,
 }
 
+/// `n` is a command service: it hands its dependents no output (it is still running when
+/// they start), so their input leaves it out. An agent service hands its ready file.
+pub fn hands_no_output(plan: &Plan, n: NodeIndex) -> bool {
+    let node = &plan.graph[n];
+    node.service.is_some() && matches!(node.action, Action::Command(_))
+}
+
+/// `node` takes the run's input (`apply --input`): it has no upstream node, or only
+/// command services, which hand it nothing.
+pub fn takes_run_input(plan: &Plan, node: NodeIndex) -> bool {
+    match &plan.graph[node].input {
+        Input::RunInput => true,
+        Input::Node(n) => hands_no_output(plan, *n),
+        Input::Group(g) => plan
+            .groups
+            .get(*g)
+            .is_some_and(|m| m.iter().all(|&n| hands_no_output(plan, n))),
+        Input::Steps { deps, stdin } => {
+            stdin.is_none() && deps.iter().all(|&n| hands_no_output(plan, n))
+        }
+    }
+}
+
 /// Resolves a node's input from finished outputs (`outputs[i]` is node `i`'s output).
-/// `None` when an output it needs is missing (its producer did not succeed).
+/// `None` when an output it needs is missing (its producer did not succeed). Command
+/// services ([`hands_no_output`]) are left out: a node whose every upstream is one gets the
+/// run input, as a root node does; otherwise its input is built from the others alone.
 pub fn node_input(
     plan: &Plan,
     node: NodeIndex,
@@ -44,11 +69,20 @@ pub fn node_input(
     outputs: &[Option<Vec<u8>>],
 ) -> Option<NodeInput> {
     let get = |i: NodeIndex| outputs.get(i.index()).and_then(|o| o.as_deref());
-    Some(match &plan.graph[node].input {
-        Input::RunInput => NodeInput {
+    if takes_run_input(plan, node) {
+        return Some(NodeInput {
             file: run_input.map(<[u8]>::to_vec),
             stdin: run_input.map(<[u8]>::to_vec),
-        },
+        });
+    }
+    let handing = |ns: &[NodeIndex]| -> Vec<NodeIndex> {
+        ns.iter()
+            .copied()
+            .filter(|&n| !hands_no_output(plan, n))
+            .collect()
+    };
+    Some(match &plan.graph[node].input {
+        Input::RunInput => return None, // taken above
         Input::Node(n) => {
             let o = get(*n)?.to_vec();
             NodeInput {
@@ -57,7 +91,7 @@ pub fn node_input(
             }
         }
         Input::Group(g) => {
-            let members = plan.groups.get(*g)?;
+            let members = handing(plan.groups.get(*g)?);
             let parts: Option<Vec<&[u8]>> = members.iter().map(|m| get(*m)).collect();
             let merged = merge(parts?);
             NodeInput {
@@ -70,8 +104,10 @@ pub fn node_input(
                 Some(s) => Some(get(*s)?.to_vec()),
                 None => None,
             };
+            let deps = handing(deps);
             let file = match (stdin_bytes.as_ref(), deps.as_slice()) {
                 (Some(s), _) => s.clone(),
+                (None, []) => return None, // taken above
                 (None, [one]) => get(*one)?.to_vec(),
                 (None, many) => {
                     let mut obj = serde_json::Map::new();
@@ -125,6 +161,37 @@ mod tests {
         assert_eq!(element(b"x\r\n"), json!("x"));
         assert_eq!(element(b""), json!(""));
         assert_eq!(element(&[0xff, b'a']), json!("\u{fffd}a"));
+    }
+
+    /// A command service hands no output: its dependents' input is built from their other
+    /// upstream nodes, or is the run input when it is their only one.
+    #[test]
+    fn a_command_service_is_left_out_of_its_dependents_input() {
+        let p = crate::plan::compile_for_test(
+            "kind: workflow\nname: w\nworkflow:\n  steps:\n    - {name: web, mode: service, ports: [80], run: {program: httpd}}\n    - {name: build, run: {program: echo}}\n    - {name: lint, run: {program: echo}}\n    - {name: a, depends_on: [web], run: {program: wget}}\n    - {name: b, depends_on: [web, build], run: {program: wget}}\n    - {name: c, depends_on: [build, web, lint], run: {program: wget}}\n",
+        );
+        let idx = |name: &str| {
+            p.graph
+                .node_indices()
+                .find(|&i| p.graph[i].name == name)
+                .unwrap()
+        };
+        let mut outputs = vec![None; p.graph.node_count()];
+        // A running service's slot stays empty: nothing may need it.
+        outputs[idx("build").index()] = Some(b"built\n".to_vec());
+        outputs[idx("lint").index()] = Some(b"{\"ok\":true}".to_vec());
+        let input = |name, run: Option<&[u8]>| node_input(&p, idx(name), run, &outputs).unwrap();
+        assert!(hands_no_output(&p, idx("web")) && !hands_no_output(&p, idx("build")));
+        assert!(takes_run_input(&p, idx("a")) && takes_run_input(&p, idx("build")));
+        assert!(!takes_run_input(&p, idx("b")) && !takes_run_input(&p, idx("c")));
+        let a = input("a", Some(b"{\"x\":1}"));
+        assert_eq!(a.file.as_deref(), Some(&b"{\"x\":1}"[..]));
+        assert_eq!(a.stdin.as_deref(), Some(&b"{\"x\":1}"[..]));
+        assert_eq!(input("a", None), NodeInput::default());
+        let b = input("b", Some(b"run"));
+        assert_eq!((b.file.as_deref(), b.stdin), (Some(&b"built\n"[..]), None));
+        let c: Value = serde_json::from_slice(&input("c", None).file.unwrap()).unwrap();
+        assert_eq!(c, json!({"build": "built", "lint": {"ok": true}}));
     }
 
     #[test]

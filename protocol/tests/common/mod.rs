@@ -111,6 +111,7 @@ pub fn error_code() -> impl Strategy<Value = ErrorCode> {
         ErrorCode::Io,
         ErrorCode::Unsupported,
         ErrorCode::Internal,
+        ErrorCode::Busy,
         ErrorCode::Unknown,
     ])
 }
@@ -256,15 +257,17 @@ pub fn message() -> impl Strategy<Value = Message> {
             s(),
             any::<u64>(),
             option::of(any::<u64>()),
-            option::of(any::<u32>())
+            option::of(any::<u32>()),
+            any::<bool>()
         )
-            .prop_map(|(id, path, offset, max_len, chunk_size)| {
+            .prop_map(|(id, path, offset, max_len, chunk_size, complete)| {
                 Message::ReadFile(ReadFile {
                     id,
                     path,
                     offset,
                     max_len,
                     chunk_size,
+                    complete,
                 })
             }),
         (id(), s(), option::of(any::<u32>()))
@@ -353,8 +356,13 @@ pub fn message() -> impl Strategy<Value = Message> {
                     active_execs,
                 })
             }),
-        (id(), vec(any::<u16>(), 0..8))
-            .prop_map(|(id, ports)| Message::ProbePorts(ProbePorts { id, ports })),
+        (id(), vec(any::<u16>(), 0..8), option::of(any::<u32>())).prop_map(|(id, ports, addr)| {
+            Message::ProbePorts(ProbePorts {
+                id,
+                ports,
+                addr: addr.map(std::net::Ipv4Addr::from),
+            })
+        }),
         (id(), vec(any::<u16>(), 0..8))
             .prop_map(|(id, open)| Message::PortsOpen(PortsOpen { id, open })),
     ]

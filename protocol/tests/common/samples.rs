@@ -107,6 +107,7 @@ pub fn samples() -> Vec<Message> {
             offset: 0,
             max_len: Some(1 << 20),
             chunk_size: Some(65536),
+            complete: true,
         }),
         Message::MkdirP(MkdirP {
             id: RequestId(7),
@@ -181,6 +182,7 @@ pub fn samples() -> Vec<Message> {
         Message::ProbePorts(ProbePorts {
             id: RequestId(11),
             ports: vec![8080, 5432],
+            addr: Some(std::net::Ipv4Addr::new(10, 0, 2, 15)),
         }),
         Message::PortsOpen(PortsOpen {
             id: RequestId(11),
