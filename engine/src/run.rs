@@ -23,6 +23,7 @@ use voidbox_protocol::{ExecRequest, ExecResponse, OutputStream, EXIT_NOT_ALLOWED
 use crate::limits::Timeout;
 use crate::output::ProgressMode;
 use crate::sandbox::{check_kvm, GuestImage, SandboxConfig, SandboxError};
+use crate::scheduler::cancel::{NodeControl, StopReason};
 
 /// `voidbox run` arguments.
 #[derive(Debug, clap::Args)]
@@ -126,7 +127,16 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         }
     };
     check_kvm()?;
-    let mut cfg = SandboxConfig::new(guest_image()?);
+    let image = guest_image()?;
+    // Dead runs' directories go first; this run's goes with it, however it ends (SIGINT and
+    // SIGTERM included: `signals` kills the VM and this function returns).
+    crate::sandbox::rundir::sweep_at_start();
+    let rundir = crate::sandbox::rundir::RunDir::create("voidbox-run-")
+        .map_err(SandboxError::io("creating the run's temporary directory"))?;
+    let ctl = NodeControl::new();
+    let signals = Signals::watch(ctl.clone())?;
+    let mut cfg = SandboxConfig::new(image);
+    cfg.runtime_dir = Some(rundir.path().to_path_buf());
     cfg.set_shares(shares);
     cfg.memory_mb = args.memory_mb;
     cfg.vcpus = args.vcpus;
@@ -162,11 +172,22 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         timeout_secs: Some(timeout.secs),
         ..ExecRequest::default()
     };
-    let started = start_vm(&cfg, !args.no_snapshot, None);
+    let started = start_vm_until(&cfg, !args.no_snapshot, None, &|| ctl.stopped().is_some());
     if let Some(p) = &cfg.keep_console {
         eprintln!("voidbox: guest console log kept at {}", p.display());
     }
+    if let Some(code) = signals.stopped() {
+        return Ok(code);
+    }
     let mut sb = started?;
+    if !ctl.register_pid(sb.vmm_pid()) {
+        drop(sb);
+        return Ok(signals.stopped().unwrap_or(125));
+    }
+    // The host's own deadline: a guest too busy to stop its command in time (a fork bomb)
+    // loses its VM HOST_DEADLINE_GRACE after the timeout.
+    ctl.arm_deadline(Duration::from_secs(timeout.secs) + HOST_DEADLINE_GRACE);
+    let t0 = std::time::Instant::now();
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
     let res = sb.exec(req, &mut |stream, data| {
@@ -177,8 +198,19 @@ fn run(args: &RunArgs) -> Result<u8, SandboxError> {
         let _ = w.write_all(data);
         let _ = w.flush();
     });
+    ctl.finish();
+    if let Some(code) = signals.stopped() {
+        return Ok(code);
+    }
     let code = match res {
         Ok(r) => exit_code_of(program, &r, timeout),
+        Err(_) if ctl.stopped() == Some(StopReason::TimedOut) => {
+            eprintln!(
+                "voidbox: {program}: timed out: {timeout} fired (after {} ms); the guest did not stop it, so its VM was killed",
+                t0.elapsed().as_millis()
+            );
+            124
+        }
         Err(e) => match crate::sandbox::error::refused_exec(program, &e) {
             Some((code, why)) => {
                 eprintln!("voidbox: {why}");
@@ -240,15 +272,92 @@ pub fn start_vm(
     snapshots: bool,
     named: Option<&str>,
 ) -> Result<crate::sandbox::Sandbox, SandboxError> {
+    start_vm_until(cfg, snapshots, named, &|| false)
+}
+
+/// [`start_vm`], giving up on a wait (for another process's golden snapshot) once
+/// `cancelled` is true.
+pub fn start_vm_until(
+    cfg: &SandboxConfig,
+    snapshots: bool,
+    named: Option<&str>,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<crate::sandbox::Sandbox, SandboxError> {
     let create = crate::snapshot::CreateOptions {
         launcher: cfg.launcher.clone(),
         boot_timeout: cfg.boot_timeout,
-        runtime_dir: None,
+        runtime_dir: cfg.runtime_dir.clone(),
     };
     let notice = std::sync::Arc::new(|m: &str| eprintln!("voidbox: {m}"));
     crate::snapshot::Snapshots::new(snapshots, create, PathBuf::from("."), notice)
         .map_err(SandboxError::Environment)?
-        .start(cfg, named, &|| false)
+        .start(cfg, named, cancelled)
+}
+
+/// How long after its timeout a command's VM is killed when the guest has not answered:
+/// the guest's own timer starts a little later (the request's transit), and a guest that
+/// is not overloaded answers well within this.
+pub const HOST_DEADLINE_GRACE: Duration = Duration::from_secs(1);
+
+/// SIGINT and SIGTERM during a `voidbox run`: the first one stops the run (its VMM, or any
+/// VMM still booting, is killed at once) and the run exits 128+n with nothing left behind.
+struct Signals {
+    got: std::sync::Arc<std::sync::atomic::AtomicI32>,
+}
+
+impl Signals {
+    /// Installs the handlers (kept until the process exits, so a second Ctrl-C cannot kill
+    /// it mid-cleanup); a signal stops `ctl`.
+    fn watch(ctl: NodeControl) -> Result<Signals, SandboxError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(SandboxError::io("the signal handler's runtime"))?;
+        let (mut int, mut term) = {
+            let _in = rt.enter();
+            let int =
+                signal(SignalKind::interrupt()).map_err(SandboxError::io("SIGINT handler"))?;
+            let term =
+                signal(SignalKind::terminate()).map_err(SandboxError::io("SIGTERM handler"))?;
+            (int, term)
+        };
+        let got = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let seen = std::sync::Arc::clone(&got);
+        std::thread::Builder::new()
+            .name("voidbox-signals".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let sig = tokio::select! {
+                        _ = int.recv() => libc::SIGINT,
+                        _ = term.recv() => libc::SIGTERM,
+                    };
+                    seen.store(sig, std::sync::atomic::Ordering::SeqCst);
+                    ctl.stop(StopReason::Cancelled);
+                    crate::scheduler::cancel::kill_vmm_children();
+                    loop {
+                        tokio::select! {
+                            _ = int.recv() => {}
+                            _ = term.recv() => {}
+                        }
+                    }
+                })
+            })
+            .map_err(SandboxError::io("the signal handler's thread"))?;
+        Ok(Signals { got })
+    }
+
+    /// The exit code (128+n) once a signal stopped the run, with its one line on stderr.
+    fn stopped(&self) -> Option<u8> {
+        let s = self.got.load(std::sync::atomic::Ordering::SeqCst);
+        (s != 0).then(|| {
+            eprintln!(
+                "voidbox: stopped by {}; the VM was killed",
+                crate::sandbox::error::signal_name(s)
+            );
+            128u8.saturating_add(s as u8)
+        })
+    }
 }
 
 /// `network: 3 connection attempts denied`.

@@ -261,7 +261,8 @@ fn apply_prepared(
         eprintln!("error: creating {}: {e}", logs_dir.display());
         return 3;
     }
-    let runtime_dir = match tempfile::Builder::new().prefix("voidbox-apply-").tempdir() {
+    crate::sandbox::rundir::sweep_at_start();
+    let runtime_dir = match crate::sandbox::rundir::RunDir::create("voidbox-apply-") {
         Ok(d) => d,
         Err(e) => {
             eprintln!("error: creating a runtime directory: {e}");

@@ -17,6 +17,8 @@ pub const TOOLS_IMAGE: &str = "tools-image-build";
 pub const TOOLS_OCI: &str = "tools-oci";
 /// Name of the runtimes disk's Debian files check.
 pub const TOOLS_RUNTIMES: &str = "tools-runtimes";
+/// Name of the check that sweeps temporary directories left by dead runs.
+pub const STALE_DIRS: &str = "stale-run-dirs";
 /// Name of the graphviz check.
 pub const TOOLS_GRAPHVIZ: &str = "tools-graphviz";
 
@@ -286,5 +288,42 @@ pub fn memory_check(available_mb: Option<u64>) -> Check {
                 budget / agent_vm
             ),
         )
+    }
+}
+
+/// Removes the temporary directories of runs that died without cleaning up (a SIGKILLed
+/// `apply`), as every `apply`/`run` does at its start ([`crate::sandbox::rundir::sweep`]).
+pub fn stale_dirs_check() -> Check {
+    stale_dirs_verdict(&crate::sandbox::rundir::sweep())
+}
+
+/// The verdict on what a sweep found.
+pub fn stale_dirs_verdict(swept: &[crate::sandbox::rundir::Stale]) -> Check {
+    let failed: Vec<String> = swept
+        .iter()
+        .filter(|s| s.removed.is_err())
+        .map(crate::sandbox::rundir::describe)
+        .collect();
+    if let Some(first) = failed.first() {
+        return Check::warn(
+            STALE_DIRS,
+            format!("{} left by dead runs: {first}", failed.len()),
+            "remove it by hand (no run uses it: its lock is free)",
+        );
+    }
+    match swept.len() {
+        0 => Check::ok(STALE_DIRS, "no temporary directory left by a dead run"),
+        n => Check::ok(
+            STALE_DIRS,
+            format!(
+                "removed {n} temporary director{} left by dead runs: {}",
+                if n == 1 { "y" } else { "ies" },
+                swept
+                    .iter()
+                    .map(|s| s.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
     }
 }

@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `kvm`, `kvm-speed` | [`kvm`] |
 //! | `guest-image`, `runtimes`, `snapshots`, `cache-writable`, `disk-space` | [`cache`] |
-//! | `memory`, `tools-*` | [`host`] |
+//! | `memory`, `tools-*`, `stale-run-dirs` | [`host`] |
 
 pub mod cache;
 pub mod host;
@@ -39,6 +39,7 @@ pub const CHECK_NAMES: &[&str] = &[
     host::TOOLS_OCI,
     host::TOOLS_RUNTIMES,
     host::TOOLS_GRAPHVIZ,
+    host::STALE_DIRS,
 ];
 
 /// Exit code when a check fails (the CLI's "environment" code).
@@ -220,6 +221,7 @@ pub fn run_checks(cache_root: Result<PathBuf, String>) -> Report {
         host::tools_oci_check(),
         host::tools_runtimes_check(),
         host::tools_graphviz_check(),
+        host::stale_dirs_check(),
     ];
     Report::new(checks)
 }

@@ -25,6 +25,7 @@ pub mod error;
 pub mod guest;
 pub mod image;
 pub mod kvm_access;
+pub mod rundir;
 pub mod shares;
 pub mod status;
 pub mod vmm_process;

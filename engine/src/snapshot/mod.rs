@@ -239,16 +239,33 @@ pub fn ensure_golden(
 const LOCK_POLL: Duration = Duration::from_millis(50);
 
 /// Takes the lock of `key`, waiting for a conflicting holder (another VM creating the
-/// snapshot) until `cancelled` says to give up.
+/// snapshot) until `cancelled` says to give up; a wait is told to `notice` once, naming the
+/// snapshot and the holder.
 fn lock_until(
     store: &Store,
     key: &str,
     mode: LockMode,
+    notice: &dyn Fn(&str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<store::EntryLock, SandboxError> {
+    let mut told = false;
     loop {
         if let Some(l) = store.lock(key, mode, false).map_err(env)? {
+            if mode == LockMode::Exclusive {
+                l.record_holder();
+            }
             return Ok(l);
+        }
+        if !told {
+            told = true;
+            // Another VM of this run: its "creating the golden snapshot" notice says it.
+            let holder = store.lock_holder(key);
+            if holder
+                .as_ref()
+                .is_none_or(|(pid, _)| *pid != std::process::id())
+            {
+                notice(&waiting_for(key, holder));
+            }
         }
         if cancelled() {
             return Err(SandboxError::Cancelled(
@@ -274,7 +291,7 @@ pub fn ensure_golden_until(
             return Ok(lease);
         }
         // Create it, unless a concurrent creator (this or another process) did meanwhile.
-        let _x = lock_until(store, &key, LockMode::Exclusive, cancelled)?;
+        let _x = lock_until(store, &key, LockMode::Exclusive, notice, cancelled)?;
         if matches!(store.get(&key), Ok(Some(_))) {
             continue;
         }
@@ -300,6 +317,20 @@ pub fn ensure_golden_until(
     )))
 }
 
+/// What a VM waiting for `key`'s lock is waiting for: `holder` is the process that took it
+/// last ([`Store::lock_holder`]).
+fn waiting_for(key: &str, holder: Option<(u32, Option<String>)>) -> String {
+    let who = match holder {
+        Some((pid, Some(cmd))) => format!("process {pid} ({cmd})"),
+        Some((pid, None)) => format!("process {pid}"),
+        None => "another process".to_string(),
+    };
+    format!(
+        "waiting for the golden snapshot {}: {who} holds its lock while it creates it (a cold boot, usually 10-30 s)",
+        &key[..12.min(key.len())]
+    )
+}
+
 /// A shared lease on an existing, readable entry; a broken entry is removed (with a notice)
 /// and reported as absent.
 fn lease_existing(
@@ -308,7 +339,7 @@ fn lease_existing(
     notice: &dyn Fn(&str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Option<Lease>, SandboxError> {
-    let lock = Some(lock_until(store, key, LockMode::Shared, cancelled)?);
+    let lock = Some(lock_until(store, key, LockMode::Shared, notice, cancelled)?);
     match store.get(key) {
         Ok(Some(entry)) => match entry.restore_from() {
             Ok(restore) => {

@@ -220,6 +220,18 @@ pub struct EntryLock {
     _file: File,
 }
 
+impl EntryLock {
+    /// Writes this process's pid into the lock file (with the exclusive lock held), for
+    /// [`Store::lock_holder`]: someone waiting can say whom it waits for.
+    pub fn record_holder(&self) {
+        use std::io::{Seek, Write};
+        let mut f = &self._file;
+        let _ = f.set_len(0);
+        let _ = f.seek(std::io::SeekFrom::Start(0));
+        let _ = write!(f, "{}", std::process::id());
+    }
+}
+
 /// Why the golden snapshot cache at `snapshots` (`<cache>/snapshots`) cannot be written by
 /// this process, and the fix; `None` when it can. Each directory a VM start writes
 /// (`snapshots/`, `snapshots/locks/`) is tried with a file created and removed there, or,
@@ -331,6 +343,21 @@ impl Store {
         Ok(try_flock(&file, op)
             .map_err(io(&path))?
             .then_some(EntryLock { _file: file }))
+    }
+
+    /// The pid that last held `key`'s exclusive lock ([`EntryLock::record_holder`]), and its
+    /// command line when it still runs; `None` when unknown.
+    pub fn lock_holder(&self, key: &str) -> Option<(u32, Option<String>)> {
+        let path = self.root.join("locks").join(format!("{key}.lock"));
+        let pid: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|c| {
+            c.split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        Some((pid, cmd))
     }
 
     /// The entry for `key`, if there is a complete one.
