@@ -160,3 +160,118 @@ fn a_published_port_is_reached_from_the_host() {
     }
     assert!(gone(), "the VMM outlived voidbox run");
 }
+
+/// A SIGKILLed `voidbox run` leaves its temporary directory; `voidbox doctor` (as the next
+/// `run` or `apply` would) removes it, since no live run holds its lock (#34 4.9).
+#[test]
+fn a_killed_runs_directory_is_swept_by_doctor() {
+    if guest_image().is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cli = voidbox_tests::KillOnDrop(
+        Command::new(VOIDBOX)
+            .args(["run", "--memory-mb", "128", "--", "sleep", "60"])
+            .env("TMPDIR", tmp.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let run_dirs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("voidbox-run-"))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run_dirs().is_empty() {
+        assert!(Instant::now() < deadline, "no run directory appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A live run's directory is never touched.
+    let doctor = || {
+        Command::new(VOIDBOX)
+            .args(["doctor", "--format", "json"])
+            .env("TMPDIR", tmp.path())
+            .output()
+            .unwrap()
+    };
+    doctor();
+    assert_eq!(run_dirs().len(), 1, "doctor removed a live run's directory");
+    cli.0.kill().unwrap();
+    cli.0.wait().unwrap();
+    let left = run_dirs();
+    assert_eq!(left.len(), 1, "SIGKILL leaves the directory behind");
+    let out = doctor();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "stale-run-dirs")
+        .cloned()
+        .unwrap();
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("removed 1") && detail.contains(&*left[0].to_string_lossy()),
+        "{check}"
+    );
+    assert!(
+        run_dirs().is_empty(),
+        "the dead run's directory is still there"
+    );
+}
+
+/// A VM start that waits for a golden snapshot another process holds says so on stderr,
+/// naming the snapshot and the holder (#34 6.9). The test holds every snapshot lock itself.
+#[test]
+fn a_wait_for_another_process_golden_snapshot_is_told() {
+    if guest_image().is_none() {
+        return;
+    }
+    // The golden snapshot of a 128 MiB VM exists after this.
+    let warm = Command::new(VOIDBOX)
+        .args(["run", "--memory-mb", "128", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(warm.status.success(), "{warm:?}");
+    use voidbox::snapshot::store::{LockMode, Store};
+    let store = Store::open(None).unwrap();
+    let locks = voidbox::image::Cache::default_root()
+        .unwrap()
+        .join("snapshots/locks");
+    let held: Vec<_> = std::fs::read_dir(&locks)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let key = name.strip_suffix(".lock")?;
+            let l = store.lock(key, LockMode::Exclusive, true).ok()??;
+            l.record_holder();
+            Some(l)
+        })
+        .collect();
+    assert!(!held.is_empty(), "no snapshot lock in {}", locks.display());
+    let mut cli = voidbox_tests::KillOnDrop(
+        Command::new(VOIDBOX)
+            .args(["run", "--memory-mb", "128", "--", "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(cli.0.stderr.take().unwrap());
+    let seen = voidbox_tests::read_until(&mut err, |s| s.contains("waiting for the golden"));
+    drop(held);
+    assert!(
+        seen.contains(&format!("process {} (", std::process::id()))
+            && seen.contains("holds its lock"),
+        "{seen}"
+    );
+    assert!(cli.0.wait().unwrap().success());
+}
