@@ -7,8 +7,9 @@
 //!
 //! This crate links no VMM, KVM, seccomp, network stack, async runtime, HTTP client or
 //! telemetry exporter (a test in the suite checks it), so a pre-commit hook, an editor's
-//! language server or another tool can read specs without the engine. What validation needs
-//! to know of the host comes in as [`validate::HostFacts`] from the caller.
+//! language server or another tool can read specs without the engine. Validation reads
+//! nothing of the host but the files a spec names: the same spec gets the same verdict on
+//! every machine.
 //!
 //! | module | owns |
 //! |---|---|

@@ -587,8 +587,8 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // `cli:` programs are checked against the guest image, as `apply` checks them (the
-    // image is known, so validation already refuses the spec: exit 2 in both commands).
+    // `cli:` programs are checked against the guest image, as `apply` checks them (exit 3
+    // in both commands; validation never looks at the image).
     let spec = agent_spec(
         dir.path(),
         "cli.yaml",
@@ -597,9 +597,9 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
     );
     let key = [("VBX_SHELL_KEY", "sk-test-not-a-key")];
     let (code, err) = shell_refused(&["--no-endpoint-check", &spec], &key);
-    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(code, Some(3), "{err}");
     assert!(
-        err.contains("voidbox::cli_not_found") && err.contains("nosuchtool-4e1f"),
+        err.contains("`nosuchtool-4e1f` is not on the guest image's PATH"),
         "{err}"
     );
     let apply = Command::new(VOIDBOX)
@@ -608,7 +608,7 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
         .output()
         .unwrap();
     assert_eq!(apply.status.code(), code);
-    assert!(String::from_utf8_lossy(&apply.stderr).contains("voidbox::cli_not_found"));
+    assert!(String::from_utf8_lossy(&apply.stderr).contains("`nosuchtool-4e1f` is not on"));
     // The spec's `timeout_secs` ends the session (124), and its `observe` records it.
     let (_sink, port, out) = voidbox_tests::otlp_sink(dir.path());
     let spec = voidbox_tests::write_file(

@@ -519,3 +519,26 @@ fn mock_agent_reports_tokens_and_tool_calls() {
     assert_eq!(doc["output"]["skills"], json!(["summarize"]), "{doc}");
     assert_no_leftovers(&tag);
 }
+
+#[test]
+fn command_steps_find_codex_and_claude_on_the_runtimes_disk() {
+    if guest_image().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tag = tag();
+    // By name (`codex`), and as a command of a `sh -c` script (`claude`): each step gets the
+    // runtimes disk, as void-box's guest ships both.
+    let spec = write_spec(
+        dir.path(),
+        "runtimes.yaml",
+        "api_version: v1\nkind: workflow\nname: runtimes\nsandbox: {memory_mb: 1024}\nworkflow:\n  steps:\n    - name: codex\n      timeout_secs: 900\n      run: {program: codex, args: [--version]}\n    - name: claude\n      timeout_secs: 900\n      run: {program: sh, args: [-c, 'claude --version']}\n",
+    );
+    let a = apply(dir.path(), &tag, &[spec.to_str().unwrap()]);
+    eprintln!("apply took {:?}", a.took);
+    assert_eq!(a.code, Some(0), "stdout: {}\nstderr: {}", a.stdout, a.stderr);
+    assert!(a.stdout.contains("codex-cli "), "{}", a.stdout);
+    assert!(a.stdout.contains("(Claude Code)"), "{}", a.stdout);
+    assert_no_leftovers(&tag);
+    assert_tmp_clean(dir.path());
+}

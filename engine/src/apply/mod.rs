@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::node::{launch as runtime, oci_images as images, refusals};
+use crate::node::{oci_images as images, refusals};
 use crate::output::ProgressMode;
 use crate::plan::Plan;
 use crate::sandbox::{check_kvm, GuestImage, VmmLauncher};
@@ -250,7 +250,7 @@ fn apply_prepared(
         }
     };
     let mut node_vms = node_vms;
-    if let Err(code) = attach_runtimes(&endpoints, &mut node_vms) {
+    if let Err(code) = attach_runtimes(&plan, &endpoints, &mut node_vms) {
         return code;
     }
     let logs_dir = opts
@@ -367,22 +367,32 @@ fn apply_prepared(
 }
 
 /// The runtimes disk (the real agent CLIs, fetched from npm once) on every agent node that
-/// runs a real runtime; the exit code when it cannot be had or does not fit a VM.
+/// runs a real runtime and every command node that runs a runtime program
+/// ([`crate::node::command_runtimes`]); the exit code when it cannot be had or does not fit
+/// a VM.
 fn attach_runtimes(
+    plan: &Plan,
     endpoints: &std::collections::HashMap<String, crate::providers::Endpoint>,
     node_vms: &mut std::collections::HashMap<String, images::NodeVm>,
 ) -> Result<(), u8> {
-    if !runtime::needs_runtimes(endpoints) {
+    let agents = endpoints
+        .iter()
+        .filter(|(_, e)| e.runtime != crate::providers::Runtime::Mock)
+        .map(|(name, _)| name.clone());
+    let commands = plan
+        .graph
+        .node_weights()
+        .filter(|n| !crate::node::command_runtimes::of(n).is_empty())
+        .map(|n| n.name.clone());
+    let nodes: Vec<String> = agents.chain(commands).collect();
+    if nodes.is_empty() {
         return Ok(());
     }
     let disk = crate::runtimes::ensure(&mut |l| eprintln!("runtimes: {l}")).map_err(|e| {
         eprintln!("error: {e}");
         e.exit_code()
     })?;
-    for (name, e) in endpoints {
-        if e.runtime == crate::providers::Runtime::Mock {
-            continue;
-        }
+    for name in nodes {
         let vm = node_vms.entry(name.clone()).or_default();
         vm.disks.images.push(disk.image_disk());
         if let Err(e) = vm.disks.check() {

@@ -503,12 +503,11 @@ fn load_plan(file: &Path, invalid_code: u8) -> Result<Plan, ExitCode> {
     load_plan_and_source(file, invalid_code).map(|(plan, _)| plan)
 }
 
-/// What `validate`, `graph` and `apply` know of this host: the programs of the guest image
-/// they would boot (bundled beside the executable, else the newest cached one).
+/// What `validate`, `lsp`, `graph` and `apply` know of this host when validating: nothing, so
+/// that a spec gets the same verdict on every machine (`apply` checks what depends on the
+/// guest image once it has the image, [`crate::node::prepare::check_image`]).
 fn host_facts() -> HostFacts<'static> {
-    HostFacts {
-        path_programs: &crate::image::layout::cached_path_programs,
-    }
+    HostFacts::NONE
 }
 
 /// The spec's text parsed with spans, to refuse fields at their lines.
@@ -732,10 +731,10 @@ fn dry_run(plan: &Plan, src: &crate::node::refusals::SpecSource, args: &ApplyArg
             }
         }
         Ok(None) => eprintln!(
-            "note: no guest image is cached yet, so `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
+            "note: no guest image is cached yet, so `run.program`, `cli:` skills and `sandbox.snapshot` are checked when `apply` builds it"
         ),
         Err(e) => eprintln!(
-            "note: `cli:` skills and `sandbox.snapshot` are checked when `apply` runs: the guest image cannot be looked up ({e})"
+            "note: `run.program`, `cli:` skills and `sandbox.snapshot` are checked when `apply` runs: the guest image cannot be looked up ({e})"
         ),
     }
     print!("{}", render(plan, plan_format));

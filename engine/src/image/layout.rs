@@ -207,24 +207,6 @@ pub fn image_path_programs(dir: &Path) -> Option<BTreeSet<String>> {
     Some(path_programs(&a).into_iter().collect())
 }
 
-/// The programs on `PATH` of the image bundled beside the executable, else of the newest
-/// cached guest image, when its manifest records them; read once per process (validation
-/// asks for every `cli:` skill).
-pub fn cached_path_programs() -> Option<&'static BTreeSet<String>> {
-    static PROGRAMS: std::sync::OnceLock<Option<BTreeSet<String>>> = std::sync::OnceLock::new();
-    PROGRAMS
-        .get_or_init(|| {
-            let bundle = super::bundle::cache().ok().flatten();
-            let caches = bundle
-                .into_iter()
-                .chain(super::cache::Cache::open(None).ok());
-            caches
-                .filter_map(|c| c.list().ok())
-                .find_map(|(images, _)| images.first()?.manifest.path_program_set())
-        })
-        .as_ref()
-}
-
 /// The guest agent's bytes in a tree, if it is there as a regular file.
 pub fn agent(a: &Archive) -> Option<&[u8]> {
     match a.get(AGENT_GUEST_PATH) {

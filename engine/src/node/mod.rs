@@ -5,6 +5,7 @@
 //! in one pass.
 
 pub mod agent;
+pub mod command_runtimes;
 pub mod launch;
 pub mod oci_images;
 pub mod policy;

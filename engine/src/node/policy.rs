@@ -26,14 +26,20 @@ pub fn allowlist(node: &PlanNode, program: Option<&str>) -> Vec<String> {
         Action::Agent(_) => program.map(str::to_string),
         Action::Shell => None,
     };
+    // A command that runs a runtime program by name finds it on the runtimes disk
+    // ([`super::command_runtimes`]): the guest compares by resolved path, so its path too.
+    let runtime = match (&node.action, own.as_deref()) {
+        (Action::Command(_), Some(p)) if !super::command_runtimes::of(node).is_empty() => {
+            super::command_runtimes::bin(p).map(str::to_string)
+        }
+        _ => None,
+    };
+    let own = own.into_iter().chain(runtime);
     let mut out: Vec<String> = Vec::new();
     // A program that is neither a bare name nor an absolute path can never run (the guest
     // refuses that exec itself, with a clear message); listing it would make the guest
     // refuse the whole policy instead.
-    for p in own
-        .into_iter()
-        .chain(node.sandbox.allowed_commands.iter().cloned())
-    {
+    for p in own.chain(node.sandbox.allowed_commands.iter().cloned()) {
         if valid_allow_entry(&p) && !out.contains(&p) {
             out.push(p);
         }

@@ -201,8 +201,8 @@ pub fn check_endpoints(
     Err(refusals::EXIT_REFUSED)
 }
 
-/// The refusals that depend on the guest image the nodes boot: `cli:` skills whose program
-/// is not on its `PATH`, and spec-named snapshots that cannot restore their node (checked
+/// The refusals that depend on the guest image the nodes boot: `run.program`s and `cli:`
+/// skills whose program is not on its `PATH`, and spec-named snapshots that cannot restore their node (checked
 /// only when `snapshots` is on; `--no-snapshot` ignores them).
 pub fn image_refusals(
     plan: &Plan,

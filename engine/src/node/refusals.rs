@@ -447,10 +447,24 @@ pub fn artifact_path_ok(path: &str) -> bool {
         })
 }
 
-/// The fields that depend on the guest image: `cli:` skills whose program is not on the
+/// The fields that depend on the guest image: `run.program`s
+/// ([`crate::validate::programs::missing`]) and `cli:` skills whose program is not on the
 /// image's `PATH`, and spec-named snapshots that cannot restore their node.
 pub fn check_image(plan: &Plan, src: &SpecSource, facts: &ImageFacts<'_>) -> Vec<Refusal> {
     let mut c = Collector::default();
+    if let Some(programs) = facts.path_programs {
+        for (field, d) in crate::validate::programs::missing(&src.root, programs) {
+            let (line, column) = crate::diagnostic::line_col(&src.text, d.span.offset);
+            let r = Refusal {
+                field,
+                line,
+                column,
+                message: d.message,
+                help: d.help.unwrap_or_default(),
+            };
+            c.add(r, &plan.name);
+        }
+    }
     for n in plan.graph.node_weights() {
         let at = Located::of(src, plan.kind, &n.name);
         if let (Action::Agent(_), Some(programs)) = (&n.action, facts.path_programs) {
@@ -630,5 +644,34 @@ mod tests {
         let text = render(&src, &r);
         assert!(text.contains("error: t.yaml:5:"), "{text}");
         assert!(text.contains("nothing was started"), "{text}");
+    }
+
+    #[test]
+    fn image_facts_refuse_a_run_program_the_image_lacks() {
+        // `validate` never checks it (the image differs per machine); `apply` does, at the
+        // value. `codex` comes with the runtimes disk.
+        let text = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - name: a\n      run: {program: codex}\n    - name: b\n      run: {program: ehco}\n";
+        let v = validate_source("t.yaml", text.to_string(), Path::new("/"));
+        let plan = Plan::compile(&v.spec.expect("valid"), Path::new("/")).expect("plan");
+        let src = SpecSource::parse("t.yaml", text).expect("parse");
+        let programs: BTreeSet<String> = ["sh".to_string(), "echo".to_string()].into();
+        let facts = ImageFacts {
+            path_programs: Some(&programs),
+            snapshot: None,
+        };
+        let r = check_image(&plan, &src, &facts);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].field, "workflow.steps[1].run.program");
+        assert_eq!((r[0].line, r[0].column), (8, 22));
+        assert_eq!(
+            r[0].message,
+            "program `ehco` is not on the guest image's PATH"
+        );
+        assert!(r[0].help.contains("did you mean `echo`?"), "{}", r[0].help);
+        let none = ImageFacts {
+            path_programs: None,
+            snapshot: None,
+        };
+        assert!(check_image(&plan, &src, &none).is_empty());
     }
 }

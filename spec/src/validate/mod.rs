@@ -13,7 +13,6 @@ pub mod runtimes;
 pub mod semantic;
 pub mod skills;
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,33 +21,22 @@ use crate::model::Spec;
 use crate::schema;
 use crate::yaml;
 
-/// What validation knows of the host, gathered by the caller: validation reads no host
-/// state itself besides the files a spec names, so the same spec gets the same diagnostics
-/// wherever the caller passes the same facts. [`HostFacts::NONE`] knows nothing (the checks
-/// that need a fact are skipped).
-#[derive(Clone, Copy)]
+/// What validation knows of the host: nothing. Validation (`validate`, the LSP, `apply`'s
+/// first step) is a function of the spec and the files it names, never of caches, images,
+/// the network or the host, so a spec gets the same verdict on every machine; the checks
+/// that need the guest image ([`programs::missing`], `cli:` skills) run in `apply` and
+/// `apply --dry-run`. Kept so that callers' signatures stay stable: [`HostFacts::NONE`] is
+/// its only value.
+#[derive(Clone, Copy, Debug)]
 pub struct HostFacts<'a> {
-    /// The programs on the guest image's `PATH` (its directories are
-    /// [`voidbox_protocol::GUEST_PATH_DIRS`]), asked for only when a check needs them;
-    /// `None`: the image is not known.
-    pub path_programs: runtimes::Programs<'a>,
-}
-
-fn no_programs() -> Option<&'static BTreeSet<String>> {
-    None
+    _none: std::marker::PhantomData<&'a ()>,
 }
 
 impl HostFacts<'static> {
-    /// No host facts.
+    /// No host facts (the only value).
     pub const NONE: HostFacts<'static> = HostFacts {
-        path_programs: &no_programs,
+        _none: std::marker::PhantomData,
     };
-}
-
-impl std::fmt::Debug for HostFacts<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostFacts").finish_non_exhaustive()
-    }
 }
 
 /// Largest spec file accepted.

@@ -1,12 +1,17 @@
 //! `run.program` must be on the guest image's `PATH` (the spec's `run`, each box's and each
 //! step's): a bare name the image does not ship is `voidbox::program_not_found` at the
-//! value, with a did-you-mean, instead of a failure after a VM booted. Checked only when the
-//! image is known (the newest cached guest image records its programs) and the node runs in
-//! that image as is: not in an OCI `sandbox.image`, another kernel/initramfs/guest image or a
-//! named snapshot, not with `PATH` set in an `env`, nor with a mount over a `PATH` directory.
-//! Absolute paths are left to the guest (mounts and inputs may provide them).
+//! value, with a did-you-mean, instead of a failure after a VM booted. It depends on the
+//! image, so `apply` and `apply --dry-run` check it with the image they boot ([`missing`]);
+//! `validate` and the LSP never do (their verdict is the same on every machine).
+//! Checked only where the node runs in that image as is: not in an OCI `sandbox.image`,
+//! another kernel/initramfs/guest image or a named snapshot, not with `PATH` set in an
+//! `env`, nor with a mount over a `PATH` directory. Absolute paths are left to the guest
+//! (mounts and inputs may provide them). The runtime programs
+//! ([`super::runtimes::RUNTIME_PROGRAMS`]) are found: such a node gets the runtimes disk.
 
-use super::runtimes::Programs;
+use std::collections::BTreeSet;
+
+use super::runtimes::RUNTIME_PROGRAMS;
 use super::semantic::items;
 use crate::diagnostic::Diagnostic;
 use crate::suggest::did_you_mean;
@@ -16,21 +21,26 @@ use voidbox_protocol::GUEST_PATH_DIRS as PATH_DIRS;
 /// Fields of the spec-wide `sandbox` that boot something other than the default image.
 const OTHER_IMAGE: [&str; 5] = ["image", "guest_image", "kernel", "initramfs", "snapshot"];
 
-/// Reports every `run.program` of `root` that the guest image lacks.
-pub fn check(root: &Node, programs: Programs<'_>, out: &mut Vec<Diagnostic>) {
+/// Every `run.program` of `root` that a guest image whose `PATH` holds `known` lacks, each
+/// with its field (`workflow.steps[1].run.program`) and a diagnostic at the value.
+pub fn missing(root: &Node, known: &BTreeSet<String>) -> Vec<(String, Diagnostic)> {
+    let mut out = Vec::new();
     let sandbox = root.get("sandbox");
     if sandbox.is_some_and(|s| {
         s.get("mode").and_then(Node::as_str) == Some("mock")
             || OTHER_IMAGE.iter().any(|f| s.get(f).is_some())
             || changes_path(s)
     }) {
-        return;
+        return out;
     }
-    let mut nodes: Vec<&Node> = vec![root];
+    let mut nodes: Vec<(&Node, String)> = vec![(root, String::new())];
     let boxes = root.get("pipeline").and_then(|p| p.get("boxes"));
     let steps = root.get("workflow").and_then(|w| w.get("steps"));
-    nodes.extend(items(boxes).iter().chain(items(steps)));
-    for node in nodes {
+    for (section, list) in [("pipeline.boxes", boxes), ("workflow.steps", steps)] {
+        let listed = items(list).iter().enumerate();
+        nodes.extend(listed.map(|(i, n)| (n, format!("{section}[{i}]."))));
+    }
+    for (node, prefix) in nodes {
         let own = node.get("sandbox");
         if own.is_some_and(|s| s.get("image").is_some() || s.get("snapshot").is_some())
             || own.is_some_and(changes_path)
@@ -52,15 +62,16 @@ pub fn check(root: &Node, programs: Programs<'_>, out: &mut Vec<Diagnostic>) {
         if program.is_empty() || program.contains('/') {
             continue;
         }
-        let Some(known) = programs() else { return };
-        if known.contains(program) {
+        if known.contains(program) || RUNTIME_PROGRAMS.contains(&program) {
             continue;
         }
-        let help = match did_you_mean(program, known.iter().map(String::as_str)) {
+        let candidates = known.iter().map(String::as_str).chain(RUNTIME_PROGRAMS);
+        let help = match did_you_mean(program, candidates) {
             Some(m) => format!("did you mean `{m}`? (`voidbox image ls` shows the guest image)"),
             None => "use a program the guest image ships (busybox applets such as `sh`, `awk`, `sed`), an absolute path, or a `sandbox.image` that has it".into(),
         };
-        out.push(
+        out.push((
+            format!("{prefix}run.program"),
             Diagnostic::error(
                 "voidbox::program_not_found",
                 format!("program `{program}` is not on the guest image's PATH"),
@@ -68,8 +79,9 @@ pub fn check(root: &Node, programs: Programs<'_>, out: &mut Vec<Diagnostic>) {
             )
             .with_label("not in the guest image")
             .with_help(help),
-        );
+        ));
     }
+    out
 }
 
 /// Whether a `sandbox` block sets `PATH` or mounts over a `PATH` directory.
@@ -111,18 +123,18 @@ fn covers_path_dir(guest: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
     use crate::yaml;
 
     /// `(line, column, help)` of each diagnostic.
     fn found(text: &str, programs: Option<&BTreeSet<String>>) -> Vec<(usize, usize, String)> {
         let root = yaml::parse(text).expect("yaml");
-        let mut out = Vec::new();
-        check(&root, &|| programs, &mut out);
-        out.iter()
-            .map(|d| {
+        let Some(programs) = programs else {
+            return Vec::new();
+        };
+        missing(&root, programs)
+            .iter()
+            .map(|(_, d)| {
                 assert_eq!(d.code, "voidbox::program_not_found");
                 let (l, c) = crate::diagnostic::line_col(text, d.span.offset);
                 (l, c, d.help.clone().unwrap_or_default())
@@ -142,8 +154,6 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!((f[0].0, f[0].1), (4, 12));
         assert!(f[0].2.contains("did you mean `echo`?"), "{}", f[0].2);
-        // Unknown image: nothing to check against.
-        assert!(found(spec, None).is_empty());
         assert!(found("kind: sandbox\nname: a\nrun: {program: echo}\n", Some(&img)).is_empty());
         assert!(found(
             "kind: sandbox\nname: a\nrun: {program: /opt/x}\n",
@@ -155,7 +165,16 @@ mod tests {
         assert_eq!((f[0].0, f[0].1), (8, 22));
         assert!(!f[0].2.contains("did you mean"), "{}", f[0].2);
         let workflow = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - name: a\n      run: {program: ehco}\n";
-        assert_eq!(found(workflow, Some(&img)).len(), 1);
+        let root = yaml::parse(workflow).expect("yaml");
+        let m = missing(&root, &img);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].0, "workflow.steps[0].run.program");
+        // The runtime programs come with the runtimes disk; a typo of one is named.
+        let runtimes = "kind: workflow\nname: w\nworkflow:\n  steps:\n    - name: a\n      run: {program: codex, args: [--version]}\n    - name: b\n      run: {program: claude}\n    - name: c\n      run: {program: codx}\n";
+        let f = found(runtimes, Some(&img));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].0, 10);
+        assert!(f[0].2.contains("did you mean `codex`?"), "{}", f[0].2);
     }
 
     #[test]

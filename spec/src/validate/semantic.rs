@@ -15,8 +15,9 @@ use crate::suggest::did_you_mean;
 use crate::validate::skills::{check_prompt_file, check_skill_string};
 use crate::yaml::{Node, NodeKind};
 
-/// Runs every semantic rule over `root`; `base` is the spec file's directory.
-pub fn check(root: &Node, base: &Path, facts: super::HostFacts<'_>, out: &mut Vec<Diagnostic>) {
+/// Runs every semantic rule over `root`; `base` is the spec file's directory (`_facts`:
+/// nothing, see [`super::HostFacts`]).
+pub fn check(root: &Node, base: &Path, _facts: super::HostFacts<'_>, out: &mut Vec<Diagnostic>) {
     let kind = root.get("kind").and_then(Node::as_str);
     check_sections(root, kind, out);
     crate::validate::names::check(root, out);
@@ -39,8 +40,7 @@ pub fn check(root: &Node, base: &Path, facts: super::HostFacts<'_>, out: &mut Ve
     if let Some(run) = root.get("run") {
         check_env(run.get("env"), out);
     }
-    crate::validate::runtimes::check(root, facts.path_programs, out);
-    crate::validate::programs::check(root, facts.path_programs, out);
+    crate::validate::runtimes::check(root, out);
 }
 
 fn key_span(node: &Node, key: &str) -> Span {
