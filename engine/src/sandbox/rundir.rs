@@ -103,9 +103,12 @@ pub fn sweep_in(parent: &Path) -> Vec<Stale> {
         else {
             continue;
         };
-        match try_flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-            Ok(true) => {}
-            _ => continue,
+        // Held: a live run's. The lock, not the recorded pid (which may be reused), decides.
+        if !matches!(
+            try_flock(&lock, FlockOperation::NonBlockingLockExclusive),
+            Ok(true)
+        ) {
+            continue;
         }
         let owner = std::fs::read_to_string(path.join(OWNER_FILE))
             .ok()
