@@ -161,53 +161,51 @@ fn check_node(node: &Node, provider: Option<(&str, Span)>, out: &mut Vec<Diagnos
     let (name, provider_span) = provider.map_or(("claude", None), |(p, s)| (p, Some(s)));
     for s in skills {
         let Some(text) = s.as_str() else { continue };
-        match parse_skill(text) {
-            Ok(SkillRef::Agent(runtime)) => {
-                let Some((_, providers)) = RUNTIMES.iter().find(|(r, _)| *r == runtime) else {
-                    out.push(
-                        Diagnostic::warning(
-                            "voidbox::unknown_runtime",
-                            format!("unknown agent runtime `{runtime}`; `apply` refuses it"),
-                            s.span,
-                        )
-                        .with_help("known runtimes: `agent:claude-code`, `agent:codex`"),
-                    );
-                    continue;
-                };
-                if !providers.contains(&name) {
-                    let mut d = Diagnostic::error(
-                        "voidbox::runtime_conflict",
-                        format!(
-                            "`agent:{runtime}` cannot run with `llm.provider: {name}`{}",
-                            if provider_span.is_none() {
-                                " (the default)"
-                            } else {
-                                ""
-                            }
-                        ),
-                        s.span,
-                    )
-                    .with_label("runtime named here")
-                    .with_help(if name == "mock" {
-                        "the mock provider runs its own offline runtime: remove the `agent:` skill"
-                            .to_string()
+        let Ok(SkillRef::Agent(runtime)) = parse_skill(text) else {
+            continue;
+        };
+        let Some((_, providers)) = RUNTIMES.iter().find(|(r, _)| *r == runtime) else {
+            out.push(
+                Diagnostic::warning(
+                    "voidbox::unknown_runtime",
+                    format!("unknown agent runtime `{runtime}`; `apply` refuses it"),
+                    s.span,
+                )
+                .with_help("known runtimes: `agent:claude-code`, `agent:codex`"),
+            );
+            continue;
+        };
+        if !providers.contains(&name) {
+            let mut d = Diagnostic::error(
+                "voidbox::runtime_conflict",
+                format!(
+                    "`agent:{runtime}` cannot run with `llm.provider: {name}`{}",
+                    if provider_span.is_none() {
+                        " (the default)"
                     } else {
-                        format!(
-                            "`agent:{runtime}` works with provider {}",
-                            providers
-                                .iter()
-                                .map(|p| format!("`{p}`"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    });
-                    if let Some(span) = provider_span {
-                        d = d.with_related(span, "provider chosen here");
+                        ""
                     }
-                    out.push(d);
-                }
+                ),
+                s.span,
+            )
+            .with_label("runtime named here")
+            .with_help(if name == "mock" {
+                "the mock provider runs its own offline runtime: remove the `agent:` skill"
+                    .to_string()
+            } else {
+                format!(
+                    "`agent:{runtime}` works with provider {}",
+                    providers
+                        .iter()
+                        .map(|p| format!("`{p}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
+            if let Some(span) = provider_span {
+                d = d.with_related(span, "provider chosen here");
             }
-            _ => {}
+            out.push(d);
         }
     }
 }
