@@ -198,7 +198,12 @@ fn validate_gives_the_same_verdict_with_and_without_a_cached_image() {
                 })
                 .collect();
             for (xdg, r) in caches.iter().zip(&runs) {
-                assert_eq!(r, &runs[0], "{spec} --format {format} with {}", xdg.display());
+                assert_eq!(
+                    r,
+                    &runs[0],
+                    "{spec} --format {format} with {}",
+                    xdg.display()
+                );
             }
             // What depends on the image is left to `apply`: each spec is valid.
             assert_eq!(runs[0].0, Some(0), "{spec}: {runs:?}");
@@ -208,9 +213,20 @@ fn validate_gives_the_same_verdict_with_and_without_a_cached_image() {
     assert!(r.stdout.contains("1 spec file valid"), "{}", r.stdout);
     // `apply --dry-run` checks them against the image it would boot, at the value. Without
     // an image it says they wait for one.
-    let r = run_isolated(BIN, empty.path(), dir, &["apply", "--dry-run", &specs[1]], &[], &[]);
+    let r = run_isolated(
+        BIN,
+        empty.path(),
+        dir,
+        &["apply", "--dry-run", &specs[1]],
+        &[],
+        &[],
+    );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    assert!(r.stderr.contains("`run.program`, `cli:` skills"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("`run.program`, `cli:` skills"),
+        "{}",
+        r.stderr
+    );
     let Some(real) = real else {
         eprintln!("no guest image is cached here: the dry-run checks against one are skipped");
         return;
@@ -234,8 +250,10 @@ fn validate_gives_the_same_verdict_with_and_without_a_cached_image() {
     let r = dry(&specs[2]);
     assert_eq!(r.code, Some(3), "{}{}", r.stdout, r.stderr);
     assert!(
-        r.stderr.contains(&format!("error: {}:6:12: `agent.skills[0]`", specs[2]))
-            && r.stderr.contains("`nosuchtool-4e1f` is not on the guest image's PATH"),
+        r.stderr
+            .contains(&format!("error: {}:6:12: `agent.skills[0]`", specs[2]))
+            && r.stderr
+                .contains("`nosuchtool-4e1f` is not on the guest image's PATH"),
         "{}",
         r.stderr
     );

@@ -602,13 +602,24 @@ fn shell_checks_cli_programs_against_the_guest_image_and_keeps_the_spec_s_timeou
         err.contains("`nosuchtool-4e1f` is not on the guest image's PATH"),
         "{err}"
     );
+    // `apply` refuses `mode: interactive` first: the same agent as a task.
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let task = voidbox_tests::write_file(
+        dir.path(),
+        "cli-task.yaml",
+        &text.replace("  mode: interactive\n", ""),
+    );
     let apply = Command::new(VOIDBOX)
-        .args(["apply", "--dry-run", "--no-endpoint-check", &spec])
+        .args(["apply", "--dry-run", "--no-endpoint-check", &task])
         .envs(key)
         .output()
         .unwrap();
-    assert_eq!(apply.status.code(), code);
-    assert!(String::from_utf8_lossy(&apply.stderr).contains("`nosuchtool-4e1f` is not on"));
+    let apply_err = String::from_utf8_lossy(&apply.stderr);
+    assert_eq!(apply.status.code(), code, "{apply_err}");
+    assert!(
+        apply_err.contains("`nosuchtool-4e1f` is not on"),
+        "{apply_err}"
+    );
     // The spec's `timeout_secs` ends the session (124), and its `observe` records it.
     let (_sink, port, out) = voidbox_tests::otlp_sink(dir.path());
     let spec = voidbox_tests::write_file(

@@ -536,7 +536,13 @@ fn command_steps_find_codex_and_claude_on_the_runtimes_disk() {
     );
     let a = apply(dir.path(), &tag, &[spec.to_str().unwrap()]);
     eprintln!("apply took {:?}", a.took);
-    assert_eq!(a.code, Some(0), "stdout: {}\nstderr: {}", a.stdout, a.stderr);
+    assert_eq!(
+        a.code,
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        a.stdout,
+        a.stderr
+    );
     assert!(a.stdout.contains("codex-cli "), "{}", a.stdout);
     assert!(a.stdout.contains("(Claude Code)"), "{}", a.stdout);
     assert_no_leftovers(&tag);
