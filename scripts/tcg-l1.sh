@@ -290,15 +290,17 @@ fi
 verdict snapshot-restore $ok "no snap-ok, a cold boot or a new snapshot instead of a restore"
 
 # The network: the NAT's gateway reaches this L1's loopback (an allowed host port) and the
-# NAT's DNS forwards to a dnsmasq on this L1, which alone knows tcg.test.
+# NAT's DNS forwards to a dnsmasq on this L1, which alone knows tcg.test (a public address:
+# the NAT drops answers in the special-purpose ranges, 203.0.113.0/24 among them; only the
+# answer is checked, nothing is sent there).
 httpd -p 127.0.0.1:8080 -h /www
 dnsmasq --conf-file=/dev/null --no-resolv --no-hosts --listen-address=127.0.0.1 \
-  --bind-interfaces --user=root --pid-file --port=5353 --address=/tcg.test/203.0.113.7
+  --bind-interfaces --user=root --pid-file --port=5353 --address=/tcg.test/93.184.216.34
 export VOIDBOX_DNS_UPSTREAMS=127.0.0.1:5353
 run voidbox run --no-snapshot --allow-host-port 8080 -- sh -c \
-  'ip -4 addr show eth0 | grep -o "inet [0-9./]*"; timeout 30 wget -q -O- http://10.0.2.2:8080/token; nslookup tcg.test 10.0.2.3 | grep -o "203\.0\.113\.7" | head -n 1'
+  'ip -4 addr show eth0 | grep -o "inet [0-9./]*"; timeout 30 wget -q -O- http://10.0.2.2:8080/token; nslookup tcg.test 10.0.2.3 | grep -o "93\.184\.216\.34" | head -n 1'
 unset VOIDBOX_DNS_UPSTREAMS
-[ "$RC" = 0 ] && has 'inet 10.0.2.15/24' /tmp/out && has "$(cat /www/token)" /tmp/out && has '203.0.113.7' /tmp/out
+[ "$RC" = 0 ] && has 'inet 10.0.2.15/24' /tmp/out && has "$(cat /www/token)" /tmp/out && has '93.184.216.34' /tmp/out
 verdict network $? "no address, no token through the gateway, or tcg.test unresolved"
 
 # The report goes to the console as one line (REPORT …) for the caller to check too.

@@ -230,9 +230,12 @@ impl Network {
 }
 
 /// The policy of the user-mode NAT (the mapping form of `network:`). Evaluation order:
-/// the gateway admits only `allow_host_ports`; `deny` wins over everything else; the
-/// default-denied ranges (host loopback, private, link-local, CGNAT, cloud metadata, IPv6
-/// unique-local and link-local) pass only when inside `allow`; with `allow_domains`, only
+/// the gateway admits only `allow_host_ports`; `deny` wins over everything else; the host's
+/// own interface addresses pass only when an `allow` entry names one alone (`ADDR/32`); the
+/// default-denied ranges (host loopback, private, link-local, CGNAT, cloud metadata, IANA's
+/// special-purpose ranges — 0/8, 192.0.0.0/24, documentation, benchmarking, 240/4,
+/// multicast, broadcast — IPv6 unique-local and link-local) pass only when inside `allow`;
+/// with `allow_domains`, only
 /// addresses the VM's own DNS returned for an allowed name pass.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
