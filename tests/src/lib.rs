@@ -221,3 +221,15 @@ pub fn in_own_process(name: &str) -> bool {
     );
     false
 }
+
+/// Nothing of a run is left in the `TMPDIR` it was given: no `voidbox-*` directory (VM
+/// dirs, sockets); anything else there (a logs dir the test asked for) may stay.
+pub fn assert_tmp_clean(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("voidbox-"))
+        .collect();
+    assert!(left.is_empty(), "temporary directories left: {left:?}");
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use voidbox_tests::vm::guest_image;
-use voidbox_tests::{assert_no_leftovers, repo_root, tagged};
+use voidbox_tests::{assert_no_leftovers, assert_tmp_clean, repo_root, tagged};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 /// Generous: several VMs boot at once on a loaded, interpreting 2-core host.
@@ -63,17 +63,6 @@ fn write_spec(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, body).unwrap();
     p
-}
-
-/// Only the logs dir may remain in the TMPDIR given to `apply` (no VM dirs, sockets).
-fn assert_tmp_clean(dir: &Path) {
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("voidbox-"))
-        .collect();
-    assert!(left.is_empty(), "temp dirs left behind: {left:?}");
 }
 
 #[test]

@@ -63,7 +63,7 @@ mod hostile {
 
     use serde_json::Value;
     use voidbox_tests::vm::guest_image;
-    use voidbox_tests::{assert_no_leftovers, write_file};
+    use voidbox_tests::{assert_no_leftovers, assert_tmp_clean, write_file};
 
     use super::VOIDBOX;
 
@@ -109,17 +109,6 @@ mod hostile {
             }
             peak
         })
-    }
-
-    /// Nothing of the run is left in its `TMPDIR`.
-    fn assert_tmp_clean(tmp: &Path) {
-        let left: Vec<_> = std::fs::read_dir(tmp)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("voidbox-"))
-            .collect();
-        assert!(left.is_empty(), "temporary directories left: {left:?}");
     }
 
     /// `timed out: … (after N ms)` on stderr: N.
