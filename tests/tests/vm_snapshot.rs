@@ -171,6 +171,7 @@ fn restores_are_fresh_private_vms_and_bad_snapshots_are_refused() {
     c.restore = Some(RestoreFrom {
         dir: bad.clone(),
         secret: golden.clone(),
+        base: None,
     });
     let why = start_err(&c);
     assert!(why.contains("checksum"), "{why}");

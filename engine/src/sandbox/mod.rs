@@ -153,6 +153,9 @@ pub struct RestoreFrom {
     /// gets a new one on its restore page and refuses this one); it is kept with the
     /// snapshot so that refusal can be checked.
     pub secret: SessionSecret,
+    /// For a layered (diff) snapshot: the directory of the base snapshot whose memory the
+    /// diff overlays (`None`: `dir` holds the whole memory).
+    pub base: Option<PathBuf>,
 }
 
 /// What a snapshot written by [`Sandbox::snapshot_to`] cost.

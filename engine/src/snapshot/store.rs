@@ -165,6 +165,7 @@ impl Entry {
         Ok(RestoreFrom {
             dir: self.dir.clone(),
             secret,
+            base: None,
         })
     }
 }
