@@ -110,6 +110,12 @@ message_types! {
     ExecStdin = 0x13, true;
     /// Host → guest: deliver a signal to a running exec's process group.
     ExecSignal = 0x14, false;
+    /// Host → guest: attach a held exec to this request id.
+    ExecAttach = 0x15, false;
+    /// Host → guest: ask about a held exec. Answered by `HeldInfo`.
+    HeldQuery = 0x16, false;
+    /// Guest → host: the state of a held exec.
+    HeldInfo = 0x17, false;
     /// Host → guest: write a file (optionally followed by `FileChunk`s).
     WriteFile = 0x20, false;
     /// Either direction: a piece of file contents. Binary.
@@ -375,6 +381,31 @@ pub struct ExecRequest {
     /// Wall-clock timeout; the guest kills the whole process group when it expires.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Hold the process under this name ([`valid_held_name`]): it starts like any exec
+    /// (same checks and refusals), with stdin kept open after `stdin` and no deadline
+    /// (`stdin_stream` and `timeout_secs` are ignored), and the guest answers [`Ack`] once
+    /// it runs. The process then belongs to the agent, not to this connection: closing the
+    /// connection does not kill it. Its output is kept in a bounded buffer
+    /// ([`HELD_BUFFER_BYTES`]; when full the guest stops reading it) until an
+    /// [`ExecAttach`] takes it over. A taken name is refused with
+    /// [`ErrorCode::AlreadyExists`], more than [`MAX_HELD`] with [`ErrorCode::ResourceLimit`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
+}
+
+/// Most held execs ([`ExecRequest::hold`]) a guest keeps at once.
+pub const MAX_HELD: usize = 4;
+/// Output bytes a held exec buffers before the guest stops reading its pipes.
+pub const HELD_BUFFER_BYTES: usize = 1 << 20;
+/// Longest held-exec name.
+pub const MAX_HELD_NAME: usize = 64;
+
+/// Whether `name` is a valid held-exec name: 1..=[`MAX_HELD_NAME`] of `[a-z0-9._-]`.
+pub fn valid_held_name(name: &str) -> bool {
+    (1..=MAX_HELD_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'))
 }
 
 impl fmt::Debug for ExecRequest {
@@ -388,8 +419,79 @@ impl fmt::Debug for ExecRequest {
             .field("stdin", &ByteLen(&self.stdin))
             .field("stdin_stream", &self.stdin_stream)
             .field("timeout_secs", &self.timeout_secs)
+            .field("hold", &self.hold)
             .finish()
     }
+}
+
+/// Attach the held exec `name` ([`ExecRequest::hold`]) to request `id` of this connection.
+/// The buffered output is replayed as [`ExecOutputChunk`]s of `id` (`seq` from 0), `stdin`
+/// is written (and stdin closed after it unless `stdin_stream`), and from then on the
+/// process is an exec started by `id`: [`ExecStdin`] and [`ExecSignal`] name `id`, the
+/// deadline runs from now (`timeout_secs`, `timed_out` in the response), its
+/// [`ExecResponse`] (of `id`) comes at exit, and closing the connection kills it. A process
+/// that exited while held is answered with its replayed output and its status at once.
+/// Errors: unknown name [`ErrorCode::NotFound`]; attached already [`ErrorCode::Busy`].
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecAttach {
+    /// Request id the held exec takes over.
+    pub id: RequestId,
+    /// The held exec's name.
+    pub name: String,
+    /// Bytes written to stdin once the output is replayed.
+    #[serde(default, with = "crate::b64")]
+    pub stdin: Vec<u8>,
+    /// When `true`, stdin stays open after `stdin` (more as [`ExecStdin`] frames of `id`).
+    #[serde(default)]
+    pub stdin_stream: bool,
+    /// Deadline from the attach; the guest kills the process group when it expires.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+impl fmt::Debug for ExecAttach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecAttach")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("stdin", &ByteLen(&self.stdin))
+            .field("stdin_stream", &self.stdin_stream)
+            .field("timeout_secs", &self.timeout_secs)
+            .finish()
+    }
+}
+
+/// Ask about the held exec `name` (attached or not). Answered by [`HeldInfo`], or
+/// [`ErrorCode::NotFound`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldQuery {
+    /// Request id.
+    pub id: RequestId,
+    /// The held exec's name.
+    pub name: String,
+}
+
+/// The state of a held exec (guest → host): hosts poll it to see a held program settle
+/// (its CPU time stops growing, no thread runs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldInfo {
+    /// Echoed request id.
+    pub id: RequestId,
+    /// The process (and process-group) id.
+    pub pid: u32,
+    /// CPU time (user + system, including reaped children's) of every process of its
+    /// process group, in milliseconds; never decreases.
+    #[serde(default)]
+    pub cpu_ms: u64,
+    /// Threads of the process group in state `R` (running or runnable).
+    #[serde(default)]
+    pub running_threads: u32,
+    /// `true` once the process has exited (its status waits for the attach).
+    #[serde(default)]
+    pub exited: bool,
+    /// Output bytes buffered for the attach.
+    #[serde(default)]
+    pub buffered_bytes: u64,
 }
 
 /// Which output stream a chunk belongs to.
@@ -943,6 +1045,9 @@ pub enum Message {
     ExecResponse(ExecResponse),
     ExecStdin(ExecStdin),
     ExecSignal(ExecSignal),
+    ExecAttach(ExecAttach),
+    HeldQuery(HeldQuery),
+    HeldInfo(HeldInfo),
     WriteFile(WriteFile),
     FileChunk(FileChunk),
     ReadFile(ReadFile),
@@ -976,6 +1081,9 @@ macro_rules! for_each_variant {
             Message::ExecResponse($m) => $body,
             Message::ExecStdin($m) => $body,
             Message::ExecSignal($m) => $body,
+            Message::ExecAttach($m) => $body,
+            Message::HeldQuery($m) => $body,
+            Message::HeldInfo($m) => $body,
             Message::WriteFile($m) => $body,
             Message::FileChunk($m) => $body,
             Message::ReadFile($m) => $body,
@@ -1017,6 +1125,9 @@ impl Message {
             Message::ExecResponse(_) => MessageType::ExecResponse,
             Message::ExecStdin(_) => MessageType::ExecStdin,
             Message::ExecSignal(_) => MessageType::ExecSignal,
+            Message::ExecAttach(_) => MessageType::ExecAttach,
+            Message::HeldQuery(_) => MessageType::HeldQuery,
+            Message::HeldInfo(_) => MessageType::HeldInfo,
             Message::WriteFile(_) => MessageType::WriteFile,
             Message::FileChunk(_) => MessageType::FileChunk,
             Message::ReadFile(_) => MessageType::ReadFile,
@@ -1038,7 +1149,8 @@ impl Message {
     }
 
     /// `true` when this message, sent by the guest, ends the exchange for its request id:
-    /// `Pong`, `Ack`, `Error`, `ExecResponse`, `FileStatResponse`, `Telemetry`, `PortsOpen`, or a
+    /// `Pong`, `Ack`, `Error`, `ExecResponse`, `FileStatResponse`, `Telemetry`, `PortsOpen`,
+    /// `HeldInfo`, or a
     /// `FileChunk` with `last` set. The demultiplexer drops its route after delivering it.
     ///
     /// Note: `Ack` to a [`PtyOpen`] is *not* final for the session; hosts that open PTYs
@@ -1052,7 +1164,8 @@ impl Message {
             | Message::FileStatResponse(_)
             | Message::DirListing(_)
             | Message::Telemetry(_)
-            | Message::PortsOpen(_) => true,
+            | Message::PortsOpen(_)
+            | Message::HeldInfo(_) => true,
             Message::FileChunk(c) => c.last,
             _ => false,
         }
@@ -1098,6 +1211,9 @@ impl_from!(
     ExecResponse,
     ExecStdin,
     ExecSignal,
+    ExecAttach,
+    HeldQuery,
+    HeldInfo,
     WriteFile,
     FileChunk,
     ReadFile,

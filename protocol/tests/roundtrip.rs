@@ -92,6 +92,79 @@ fn optional_json_fields_default() {
 }
 
 #[test]
+fn held_exec_messages_json_shape_and_defaults() {
+    // `hold` is left out when unset (older guests see the same request as before) and
+    // round-trips when set.
+    let m = &common::samples::sample(MessageType::ExecRequest);
+    let v: serde_json::Value = serde_json::from_slice(&m.encode_payload().unwrap()).unwrap();
+    assert!(v.get("hold").is_none(), "{v}");
+    let held = Message::ExecRequest(ExecRequest {
+        id: RequestId(3),
+        program: "claude".into(),
+        hold: Some("warm-1".into()),
+        ..Default::default()
+    });
+    let back = Message::decode_exact(&held.encode().unwrap()).unwrap();
+    assert_eq!(back, held);
+    let Message::ExecRequest(r) = back else {
+        panic!("wrong type")
+    };
+    assert_eq!(r.hold.as_deref(), Some("warm-1"));
+    // An attach needs only id and name; stdin is base64 on the wire.
+    let m = Message::decode_payload(
+        MessageType::ExecAttach.as_u8(),
+        br#"{"id":9,"name":"warm-1"}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        m,
+        Message::ExecAttach(ExecAttach {
+            id: RequestId(9),
+            name: "warm-1".into(),
+            ..Default::default()
+        })
+    );
+    let v: serde_json::Value = serde_json::from_slice(
+        &common::samples::sample(MessageType::ExecAttach)
+            .encode_payload()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(v["stdin"], "eyJ0eXBlIjoidXNlciJ9Cg=="); // base64 of {"type":"user"}\n
+    assert_eq!(MessageType::ExecAttach.as_u8(), 0x15);
+    assert_eq!(MessageType::HeldQuery.as_u8(), 0x16);
+    assert_eq!(MessageType::HeldInfo.as_u8(), 0x17);
+    // HeldInfo ends its exchange; an attach's end is its ExecResponse.
+    assert!(common::samples::sample(MessageType::HeldInfo).is_terminal());
+    let m = Message::decode_payload(MessageType::HeldInfo.as_u8(), br#"{"id":2,"pid":7}"#).unwrap();
+    assert_eq!(
+        m,
+        Message::HeldInfo(HeldInfo {
+            id: RequestId(2),
+            pid: 7,
+            ..Default::default()
+        })
+    );
+}
+
+#[test]
+fn held_names() {
+    assert!(valid_held_name("claude-code.v1_2"));
+    assert!(valid_held_name(&"a".repeat(MAX_HELD_NAME)));
+    for bad in [
+        "",
+        "Claude",
+        "a b",
+        "a/b",
+        "é",
+        "a\0",
+        &"a".repeat(MAX_HELD_NAME + 1),
+    ] {
+        assert!(!valid_held_name(bad), "{bad:?}");
+    }
+}
+
+#[test]
 fn mount_share_json_shape_and_read_only_default() {
     let m = Message::decode_payload(
         MessageType::MountShare.as_u8(),

@@ -167,10 +167,11 @@ pub fn message() -> impl Strategy<Value = Message> {
             option::of(s()),
             bytes(),
             any::<bool>(),
-            option::of(any::<u64>())
+            option::of(any::<u64>()),
+            option::of(s())
         )
             .prop_map(
-                |(id, program, args, env, workdir, stdin, stdin_stream, timeout_secs)| {
+                |(id, program, args, env, workdir, stdin, stdin_stream, timeout_secs, hold)| {
                     Message::ExecRequest(ExecRequest {
                         id,
                         program,
@@ -180,6 +181,39 @@ pub fn message() -> impl Strategy<Value = Message> {
                         stdin,
                         stdin_stream,
                         timeout_secs,
+                        hold,
+                    })
+                }
+            ),
+        (id(), s(), bytes(), any::<bool>(), option::of(any::<u64>())).prop_map(
+            |(id, name, stdin, stdin_stream, timeout_secs)| {
+                Message::ExecAttach(ExecAttach {
+                    id,
+                    name,
+                    stdin,
+                    stdin_stream,
+                    timeout_secs,
+                })
+            }
+        ),
+        (id(), s()).prop_map(|(id, name)| Message::HeldQuery(HeldQuery { id, name })),
+        (
+            id(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>(),
+            any::<u64>()
+        )
+            .prop_map(
+                |(id, pid, cpu_ms, running_threads, exited, buffered_bytes)| {
+                    Message::HeldInfo(HeldInfo {
+                        id,
+                        pid,
+                        cpu_ms,
+                        running_threads,
+                        exited,
+                        buffered_bytes,
                     })
                 }
             ),

@@ -60,6 +60,7 @@ pub fn samples() -> Vec<Message> {
             stdin: b"input\n".to_vec(),
             stdin_stream: true,
             timeout_secs: Some(10),
+            hold: None,
         }),
         Message::ExecOutputChunk(ExecOutputChunk {
             id: RequestId(4),
@@ -86,6 +87,25 @@ pub fn samples() -> Vec<Message> {
         Message::ExecSignal(ExecSignal {
             id: RequestId(4),
             signal: 15,
+        }),
+        Message::ExecAttach(ExecAttach {
+            id: RequestId(12),
+            name: "claude".into(),
+            stdin: b"{\"type\":\"user\"}\n".to_vec(),
+            stdin_stream: true,
+            timeout_secs: Some(600),
+        }),
+        Message::HeldQuery(HeldQuery {
+            id: RequestId(13),
+            name: "claude".into(),
+        }),
+        Message::HeldInfo(HeldInfo {
+            id: RequestId(13),
+            pid: 321,
+            cpu_ms: 1520,
+            running_threads: 0,
+            exited: false,
+            buffered_bytes: 17,
         }),
         Message::WriteFile(WriteFile {
             id: RequestId(5),
