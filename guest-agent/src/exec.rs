@@ -17,6 +17,8 @@
 //! * stdout/stderr are streamed as `ExecOutputChunk`s of at most 64 KiB with one sequence
 //!   counter per request. Chunks are written to the connection synchronously, so a slow
 //!   host throttles the child through the pipe (bounded agent memory for any output size).
+//! * A held exec (`ExecRequest::hold`) starts the same way but belongs to the agent until
+//!   an `ExecAttach`: see [`crate::held`].
 
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -316,7 +318,8 @@ pub struct StdinChunk {
     pub eof: bool,
 }
 
-fn feed_stdin(w: OwnedFd, src: StdinSource) {
+/// Writes `src` to the child's stdin `w` until it ends (or the child stops reading).
+pub(crate) fn feed_stdin(w: OwnedFd, src: StdinSource) {
     let mut f = std::fs::File::from(w);
     let (initial, rx) = match src {
         StdinSource::Fixed(b) => (b, None),
@@ -414,7 +417,7 @@ pub fn run(
     let (stdout_bytes, stderr_bytes) = pump(
         &slot,
         [(out_r, OutputStream::Stdout), (err_r, OutputStream::Stderr)],
-        &mut out,
+        &mut |stream, data| out.emit(stream, data),
     );
     let status = slot.wait();
     resp.stdout_bytes = stdout_bytes;
@@ -477,11 +480,11 @@ impl OutputPump<'_> {
 }
 
 /// Reads both pipes until EOF (or until [`DRAIN_GRACE`] after the leader exited),
-/// emitting chunks. Returns the byte counts (stdout, stderr) produced.
-fn pump(
+/// handing each piece read to `emit`. Returns the byte counts (stdout, stderr) produced.
+pub(crate) fn pump(
     slot: &ExitSlot,
     streams: [(OwnedFd, OutputStream); 2],
-    out: &mut OutputPump<'_>,
+    emit: &mut dyn FnMut(OutputStream, &[u8]),
 ) -> (u64, u64) {
     let mut open: Vec<Option<(OwnedFd, OutputStream)>> = streams.into_iter().map(Some).collect();
     let mut counts = [0u64; 2];
@@ -555,7 +558,7 @@ fn pump(
             } else {
                 let n = n as usize;
                 counts[i] += n as u64;
-                out.emit(stream, &buf[..n]);
+                emit(stream, &buf[..n]);
             }
         }
     }

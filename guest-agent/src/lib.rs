@@ -8,6 +8,7 @@
 //! * [`rekey`]: the system half of a `Rekey` (RNG reseed, clock) before secret rotation.
 //! * [`policy`]: command allowlist, rlimits, timeouts.
 //! * [`exec`] + [`spawn`]: running programs as uid/gid 1000 with limits, streaming output.
+//! * [`held`]: held execs, which outlive their connection until an attach takes them over.
 //! * [`reaper`] + [`watchdog`]: the single `waitpid` owner and the timeout killer.
 //! * [`files`]: file RPCs confined with `openat2(RESOLVE_IN_ROOT)`.
 //! * [`disks`] + [`rootfs`] + [`mount`]: OCI image root and skill disks, set up at boot.
@@ -23,6 +24,7 @@ pub mod cmdline;
 pub mod disks;
 pub mod exec;
 pub mod files;
+pub mod held;
 pub mod init;
 pub mod mount;
 pub mod net;

@@ -6,7 +6,9 @@
 //! told apart by request id; responses echo it. Malformed or unknown frames are answered
 //! with an `Error` and the connection continues; oversized or truncated frames (after
 //! which the stream cannot be resynchronised) end the connection, never the agent.
-//! When a connection ends, everything it started is killed.
+//! When a connection ends, everything it started is killed — except held execs, which
+//! belong to the agent until an `ExecAttach` makes them a request of a connection
+//! ([`crate::held`]).
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, Write};
@@ -33,7 +35,7 @@ use crate::policy::Policy;
 use crate::reaper::ExitSlot;
 use crate::rekey::{self, RekeyMode};
 use crate::restore_page::RestorePage;
-use crate::{auth, pty, telemetry};
+use crate::{auth, held, pty, telemetry};
 
 /// Where the agent listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +105,8 @@ pub struct Agent {
     /// Set when a restore page was refused: this VM then accepts no secret at all (the
     /// snapshot's is dropped), and every connection is told why.
     refused: Mutex<Option<String>>,
+    /// Held execs (owned by the agent, not by a connection).
+    held: held::Table,
 }
 
 impl Agent {
@@ -141,6 +145,7 @@ impl Agent {
             connections: AtomicUsize::new(0),
             restore_page: restore_page.map(Mutex::new),
             refused: Mutex::new(None),
+            held: held::Table::default(),
         })
     }
 
@@ -261,6 +266,7 @@ impl Agent {
             .extend(self.cfg.rekey.capability().map(String::from));
         info.capabilities
             .extend(self.cfg.net.capability().map(String::from));
+        info.capabilities.push(voidbox_protocol::CAP_HELD.into());
         info
     }
 
@@ -606,6 +612,17 @@ impl Connection {
             Message::ExecRequest(req) => self.exec(req),
             Message::ExecStdin(s) => self.exec_stdin(id, s),
             Message::ExecSignal(sig) => self.exec_signal(id, sig),
+            Message::ExecAttach(a) => self.exec_attach(a),
+            Message::HeldQuery(q) => match self.agent.held.get(&q.name) {
+                Some(h) => {
+                    let _ = self.writer.send(&Message::HeldInfo(h.info(id)));
+                }
+                None => self.writer.error(
+                    id,
+                    ErrorCode::NotFound,
+                    format!("no held exec named `{}`", q.name),
+                ),
+            },
             Message::WriteFile(w) => self.write_file(w),
             Message::FileChunk(c) => self.file_chunk(c),
             Message::ReadFile(r) => self.read_file(id, r),
@@ -870,6 +887,9 @@ impl Connection {
 
     fn exec(&mut self, req: ExecRequest) {
         let id = req.id;
+        if req.hold.is_some() {
+            return self.exec_hold(req);
+        }
         if self.is_busy(id) {
             self.writer.error(
                 id,
@@ -933,6 +953,123 @@ impl Connection {
             lock(&running).remove(&id);
             let _ = writer.send(&Message::ExecResponse(resp));
         });
+    }
+
+    /// Starts a held exec ([`held`]): checked and spawned like an exec, answered `Ack` once
+    /// it runs; the connection keeps nothing of it.
+    fn exec_hold(&mut self, mut req: ExecRequest) {
+        let id = req.id;
+        let name = req.hold.take().unwrap_or_default();
+        if self.is_busy(id) {
+            return self.writer.error(
+                id,
+                ErrorCode::DuplicateId,
+                format!("request {id} is already in flight"),
+            );
+        }
+        let policy = self.agent.policy();
+        let cmd = match Command::build(
+            &req.program,
+            &req.args,
+            &req.env,
+            req.workdir.as_deref(),
+            &policy,
+            &self.agent.cfg.exec_env,
+            &[],
+        ) {
+            Ok(c) => c,
+            Err((ErrorCode::NotAllowed, msg)) => {
+                crate::debug!("held exec {id} refused: {msg}");
+                let _ = self
+                    .writer
+                    .send(&Message::ExecResponse(exec::refused(id, msg)));
+                return;
+            }
+            Err((code, msg)) => return self.writer.error(id, code, msg),
+        };
+        let guard = match ActiveGuard::acquire(policy.max_concurrent_execs) {
+            Ok(g) => g,
+            Err((code, msg)) => return self.writer.error(id, code, msg),
+        };
+        match self
+            .agent
+            .held
+            .hold(&name, &cmd, std::mem::take(&mut req.stdin), guard)
+        {
+            Ok(_) => {
+                let _ = self.writer.send(&Message::Ack(Ack { id }));
+            }
+            Err(held::HoldError::Refused(code, msg)) => self.writer.error(id, code, msg),
+            Err(held::HoldError::NotStarted(mut resp)) => {
+                resp.id = id;
+                let _ = self.writer.send(&Message::ExecResponse(resp));
+            }
+        }
+    }
+
+    /// Makes a held exec request `a.id` of this connection ([`held`]).
+    fn exec_attach(&mut self, a: voidbox_protocol::ExecAttach) {
+        let id = a.id;
+        if self.is_busy(id) {
+            return self.writer.error(
+                id,
+                ErrorCode::DuplicateId,
+                format!("request {id} is already in flight"),
+            );
+        }
+        let Some(h) = self.agent.held.get(&a.name) else {
+            return self.writer.error(
+                id,
+                ErrorCode::NotFound,
+                format!("no held exec named `{}`", a.name),
+            );
+        };
+        if !h.claim() {
+            return self.writer.error(
+                id,
+                ErrorCode::Busy,
+                format!("the held exec `{}` is attached already", a.name),
+            );
+        }
+        let entry = Running {
+            slot: Some(Arc::clone(h.slot())),
+            stdin: None,
+            pty: None,
+        };
+        if !self.register(id, entry) {
+            h.unclaim();
+            return;
+        }
+        let tx = h.attach_stdin(a.stdin, a.stdin_stream);
+        if let Some(r) = lock(&self.running).get_mut(&id) {
+            r.stdin = tx;
+        }
+        let policy = self.agent.policy();
+        let deadline =
+            std::time::Instant::now() + policy.timeout_for(a.timeout_secs.map(Duration::from_secs));
+        let running = Arc::clone(&self.running);
+        let attachment = held::Attachment::new(
+            id,
+            Arc::clone(&self.writer) as Arc<dyn Sink>,
+            policy.max_output_bytes,
+            Box::new(move || {
+                lock(&running).remove(&id);
+            }),
+        );
+        let table = self.agent.held.clone();
+        let h2 = Arc::clone(&h);
+        let spawned = std::thread::Builder::new()
+            .name("attach".into())
+            .spawn(move || h2.attach(&table, attachment, deadline));
+        if let Err(e) = spawned {
+            lock(&self.running).remove(&id);
+            h.unclaim();
+            self.writer.error(
+                id,
+                ErrorCode::ResourceLimit,
+                format!("cannot start a thread: {e}"),
+            );
+        }
     }
 
     fn pty_open(&mut self, p: voidbox_protocol::PtyOpen) {

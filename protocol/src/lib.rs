@@ -59,7 +59,8 @@ pub use handshake::{ct_eq, InvalidSecret, SessionSecret, PROTOCOL_VERSION, SECRE
 pub use message::*;
 pub use mux::RequestIdAllocator;
 pub use policy::{
-    valid_allow_entry, GuestInfo, GuestPolicy, ResourceLimits, CAP_REKEY, CAP_REKEY_SECRET_ONLY,
+    valid_allow_entry, GuestInfo, GuestPolicy, ResourceLimits, CAP_HELD, CAP_REKEY,
+    CAP_REKEY_SECRET_ONLY,
 };
 pub use redact::is_sensitive_env_name;
 /// Wrapper that zeroes its contents on drop (used for [`Rekey::entropy`]).

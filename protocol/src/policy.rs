@@ -200,6 +200,10 @@ pub const CAP_REKEY: &str = "rekey";
 /// and configured so: [`crate::Rekey`] rotates the secret only (no RNG reseed, no clock).
 pub const CAP_REKEY_SECRET_ONLY: &str = "rekey_secret_only";
 
+/// [`GuestInfo::capabilities`] entry: the guest serves held execs ([`crate::ExecRequest::hold`],
+/// [`crate::ExecAttach`], [`crate::HeldQuery`]).
+pub const CAP_HELD: &str = "held_exec";
+
 /// Information the guest reports about itself in its [`crate::Pong`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
