@@ -43,6 +43,13 @@ fn parse_args(args: Vec<String>) -> Result<Args, String> {
             "--config-fd" => a.config_fd = num("--config-fd")?,
             "--status-fd" => a.status_fd = num("--status-fd")?,
             "--parent-pid" => a.parent_pid = Some(num("--parent-pid")?),
+            // The engine's marker: every VMM process it starts, `voidbox __vmm` or this
+            // standalone binary, has it in its command line (how it finds its VMM children).
+            "__vmm" => {}
+            "--build-id" => {
+                println!("{}", crate::build_id::build_id());
+                std::process::exit(0);
+            }
             "--version" => {
                 println!("voidbox-vmm {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);

@@ -28,9 +28,11 @@
 //! | [`xstate`] | paravirtual AVX/AVX-512 state switching for the compat guest kernel |
 
 pub mod boot;
+pub mod build_id;
 pub mod bus;
 pub mod config;
 pub mod control;
+pub mod cpuid;
 pub mod devices;
 pub mod entry;
 pub mod exit;

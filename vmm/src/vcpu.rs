@@ -1,5 +1,6 @@
-//! vCPU setup for 64-bit Linux entry (CPUID, MSRs, registers, segments, paging, FPU, LAPIC)
-//! and the run loop that dispatches exits and pauses for snapshots ([`VcpuCommand`]).
+//! vCPU setup for 64-bit Linux entry (CPUID from [`crate::cpuid`], MSRs, registers, segments,
+//! paging, FPU, LAPIC) and the run loop that dispatches exits and pauses for snapshots
+//! ([`VcpuCommand`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +27,9 @@ pub enum VcpuError {
     /// Building the MSR list failed.
     #[error("vCPU {0}: cannot build MSR list")]
     Msrs(u8),
+    /// The normalised CPUID table could not be built.
+    #[error("vCPU {0}: CPUID: {1}")]
+    Cpuid(u8, String),
     /// KVM accepted fewer MSRs than given.
     #[error("vCPU {0}: KVM set only {1} of {2} boot MSRs")]
     MsrsPartial(u8, usize, usize),
@@ -56,33 +60,6 @@ const APIC_LVT0: usize = 0x350;
 const APIC_LVT1: usize = 0x360;
 const APIC_MODE_NMI: u32 = 0x4;
 const APIC_MODE_EXTINT: u32 = 0x7;
-
-/// Adjusts the supported CPUID for vCPU `id` of `num_cpus`: APIC ids, logical CPU count, the
-/// hypervisor bit, and the TSC-deadline timer when KVM emulates it (`tsc_deadline`,
-/// `KVM_CAP_TSC_DEADLINE_TIMER`; KVM_GET_SUPPORTED_CPUID leaves that bit to the VMM). Without
-/// it the guest kernel calibrates its LAPIC timer against the PIT at every boot, hundreds of
-/// milliseconds of busy waiting under nested virtualisation, as Firecracker avoids too. (On an
-/// interpreting KVM the guest still sees the host's CPUID.)
-pub fn patch_cpuid(cpuid: &mut CpuId, id: u8, num_cpus: u8, tsc_deadline: bool) {
-    for e in cpuid.as_mut_slice() {
-        match e.function {
-            1 => {
-                e.ebx = (e.ebx & 0x0000_ffff) | (u32::from(id) << 24) | (u32::from(num_cpus) << 16);
-                e.ecx |= 1 << 31; // hypervisor present
-                if tsc_deadline {
-                    e.ecx |= 1 << 24;
-                }
-                if num_cpus > 1 {
-                    e.edx |= 1 << 28; // HTT: multi-CPU package
-                }
-            }
-            0xb => {
-                e.edx = u32::from(id);
-            }
-            _ => {}
-        }
-    }
-}
 
 /// The MSRs a 64-bit Linux boot expects.
 pub fn boot_msr_entries() -> Vec<kvm_msr_entry> {
@@ -136,8 +113,8 @@ pub fn configure_vcpu(
 ) -> Result<(), VcpuError> {
     let io = |what: &'static str| move |e| VcpuError::Ioctl(id, what, e);
 
-    let mut cpuid = supported_cpuid.clone();
-    patch_cpuid(&mut cpuid, id, num_cpus, tsc_deadline);
+    let cpuid = crate::cpuid::for_vcpu(supported_cpuid, id, num_cpus, tsc_deadline)
+        .map_err(|e| VcpuError::Cpuid(id, e))?;
     vcpu.set_cpuid2(&cpuid).map_err(io("KVM_SET_CPUID2"))?;
 
     let entries = boot_msr_entries();
@@ -530,23 +507,5 @@ mod tests {
         let v = lapic_reg(&regs, APIC_LVT0);
         assert_eq!(delivery_mode(v, APIC_MODE_EXTINT), 0x1_0700);
         assert_eq!(delivery_mode(0x700, APIC_MODE_NMI), 0x400);
-    }
-
-    #[test]
-    fn cpuid_patch() {
-        let mut c = CpuId::new(2).unwrap();
-        c.as_mut_slice()[0].function = 1;
-        c.as_mut_slice()[0].ebx = 0xffff_ffff;
-        c.as_mut_slice()[1].function = 0xb;
-        patch_cpuid(&mut c, 3, 4, false);
-        let s = c.as_slice();
-        assert_eq!(s[0].ebx >> 24, 3);
-        assert_eq!((s[0].ebx >> 16) & 0xff, 4);
-        assert_eq!(s[0].ebx & 0xffff, 0xffff);
-        assert_ne!(s[0].ecx & (1 << 31), 0);
-        assert_eq!(s[0].ecx & (1 << 24), 0);
-        assert_eq!(s[1].edx, 3);
-        patch_cpuid(&mut c, 3, 4, true);
-        assert_ne!(c.as_slice()[0].ecx & (1 << 24), 0, "TSC-deadline timer");
     }
 }
