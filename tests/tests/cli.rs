@@ -309,3 +309,112 @@ fn snapshot_ls_and_rm_on_a_cache_dir() {
     let r = run(&["snapshot", "create", "--memory-mb", "1"]);
     assert_eq!(r.code, Some(2));
 }
+
+/// Writes a fake snapshot entry `key` into `cache` (a diff over `base` when given).
+fn fake_snapshot(cache: &std::path::Path, key: &str, base: Option<&str>) {
+    let d = cache.join(key);
+    std::fs::create_dir(&d).expect("mkdir");
+    let memory = if base.is_some() {
+        "memory.diff"
+    } else {
+        "memory.bin"
+    };
+    for f in ["state.snap", memory, "secret"] {
+        std::fs::write(d.join(f), b"x").expect("write");
+    }
+    let mut meta = serde_json::json!({
+        "key": key, "image_hash": "c".repeat(64), "image_key": "a".repeat(64),
+        "extra_cmdline": [], "memory_mb": 1024, "vcpus": 1,
+        "created_unix": 1, "voidbox_version": "0.1.0", "boot_ms": 1, "snapshot_ms": 1,
+        "pause_us": 1, "state_bytes": 1,
+    });
+    if let Some(b) = base {
+        meta["base"] = b.into();
+        meta["warm"] = serde_json::json!({
+            "runtime": "claude-code", "provider": "anthropic", "model": "sonnet",
+            "kit_hash": "k", "settle_ms": 900, "diff_bytes": 1,
+        });
+    }
+    std::fs::write(d.join("meta.json"), meta.to_string()).expect("meta");
+}
+
+#[test]
+fn snapshot_ls_shows_layers_and_rm_keeps_a_base_with_its_diffs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().to_str().expect("utf-8 path");
+    let (base, diff, other) = ("1".repeat(64), "2".repeat(64), "3".repeat(64));
+    fake_snapshot(dir.path(), &base, None);
+    fake_snapshot(dir.path(), &diff, Some(&base));
+    fake_snapshot(dir.path(), &other, None);
+    // The diff is listed right under its base, indented, with its runtime and model.
+    let r = run(&["snapshot", "ls", "--cache-dir", cache]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert!(lines[0].ends_with("KIND"), "{}", r.stdout);
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}: {}", r.stdout))
+    };
+    let b = at(&base[..12]);
+    assert_eq!(at(&format!("└ {}", &diff[..12])), b + 1, "{}", r.stdout);
+    assert!(lines[b].ends_with("golden"), "{}", r.stdout);
+    assert!(
+        lines[b + 1].ends_with("warm claude-code sonnet"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stderr.contains("3 snapshot(s) (1 diff(s)"),
+        "{}",
+        r.stderr
+    );
+    let r = run(&["snapshot", "ls", "--cache-dir", cache, "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let entry = |k: &str| {
+        doc.as_array()
+            .and_then(|a| a.iter().find(|e| e["key"] == k))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {k} in {doc}"))
+    };
+    assert_eq!(entry(&diff)["base"], base.as_str());
+    assert_eq!(entry(&diff)["warm"]["runtime"], "claude-code");
+    assert_eq!(entry(&diff)["kind"], "warm claude-code sonnet");
+    assert!(entry(&base)["base"].is_null() && entry(&base)["warm"].is_null());
+    // A base that a diff needs is refused, removing nothing (not even the other key).
+    let r = run(&["snapshot", "rm", "--cache-dir", cache, "333", "111"]);
+    assert_eq!(r.code, Some(2), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("base of 1 diff snapshot(s) ({})", &diff[..12]))
+            && r.stderr.contains("--with-dependents"),
+        "{}",
+        r.stderr
+    );
+    for k in [&base, &diff, &other] {
+        assert!(dir.path().join(k).exists());
+    }
+    // With the flag both go, the diff first; the other stays.
+    let r = run(&[
+        "snapshot",
+        "rm",
+        "--cache-dir",
+        cache,
+        "--with-dependents",
+        "111",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(
+        r.stderr.lines().collect::<Vec<_>>(),
+        [format!("removed {diff}"), format!("removed {base}")],
+    );
+    assert!(!dir.path().join(&base).exists() && !dir.path().join(&diff).exists());
+    assert!(dir.path().join(&other).exists());
+    // Named together, a base and its diff go without the flag.
+    fake_snapshot(dir.path(), &base, None);
+    fake_snapshot(dir.path(), &diff, Some(&base));
+    let r = run(&["snapshot", "rm", "--cache-dir", cache, "111", "222"]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(!dir.path().join(&base).exists() && !dir.path().join(&diff).exists());
+}

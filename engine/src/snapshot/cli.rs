@@ -40,7 +40,8 @@ pub enum SnapshotCommand {
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
     },
-    /// List cached snapshots, most recently used first.
+    /// List cached snapshots, most recently used first, each base followed by the diffs
+    /// over it (warm runtimes), indented.
     Ls {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Human)]
@@ -49,7 +50,8 @@ pub enum SnapshotCommand {
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
     },
-    /// Remove snapshots by key prefix, or all of them.
+    /// Remove snapshots by key prefix, or all of them. A base that diffs need is refused
+    /// unless they go too (listed, or `--with-dependents`).
     Rm {
         /// Key prefixes.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -57,6 +59,9 @@ pub enum SnapshotCommand {
         /// Remove every snapshot.
         #[arg(long)]
         all: bool,
+        /// Also remove the diffs over the given snapshots.
+        #[arg(long)]
+        with_dependents: bool,
         /// Snapshot cache.
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
@@ -106,6 +111,9 @@ fn entry_json(e: &store::Entry) -> serde_json::Value {
         "pause_us": e.meta.pause_us,
         "created_unix": e.meta.created_unix,
         "last_used_unix": unix(e.last_used),
+        "kind": e.meta.kind(),
+        "base": e.meta.base,
+        "warm": e.meta.warm,
     })
 }
 
@@ -143,8 +151,9 @@ fn run(cmd: SnapshotCommand) -> CliResult {
         SnapshotCommand::Rm {
             keys,
             all,
+            with_dependents,
             cache_dir,
-        } => rm(keys, all, cache_dir),
+        } => rm(keys, all, with_dependents, cache_dir),
     }
 }
 
@@ -245,15 +254,28 @@ fn ls(format: Format, cache_dir: Option<PathBuf>) -> CliResult {
             // BOOTS tells apart entries of one size and image: what the VM booted
             // (command line, image disks such as the runtimes disk or an OCI root
             // filesystem, the network device), the identity a restore checks.
+            // Diffs (KIND `warm …`) are listed under their base, indented.
             println!(
-                "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
+                "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}  KIND",
                 "KEY", "MEMORY", "VCPUS", "NET", "IMAGE", "BOOTS", "SIZE", "CREATED", "LAST-USED"
             );
-            for e in &entries {
+            for (e, layer) in layered(&entries) {
                 let m = &e.meta;
+                let (key, kind) = match layer {
+                    Layer::Full => (m.key[..12].to_string(), m.kind()),
+                    Layer::Diff => (format!("└ {}", &m.key[..12]), m.kind()),
+                    Layer::Orphan => (
+                        m.key[..12].to_string(),
+                        format!(
+                            "{} (base {} is missing)",
+                            m.kind(),
+                            m.base.as_deref().map_or("", |b| &b[..b.len().min(12)])
+                        ),
+                    ),
+                };
                 println!(
-                    "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}",
-                    &m.key[..12],
+                    "{:<14} {:>7} {:>5} {:<3} {:<14} {:<14} {:>8} {:>8} {:>9}  {kind}",
+                    key,
                     format!("{}M", m.memory_mb),
                     m.vcpus,
                     if m.network { "yes" } else { "-" },
@@ -265,10 +287,16 @@ fn ls(format: Format, cache_dir: Option<PathBuf>) -> CliResult {
                 );
             }
             let total: u64 = entries.iter().map(|e| e.disk_bytes).sum();
+            let diffs = entries.iter().filter(|e| e.meta.base.is_some()).count();
             let cap = store::max_bytes().unwrap_or(store::DEFAULT_MAX_BYTES);
             eprintln!(
-                "{} snapshot(s), {} of {} ({})",
+                "{} snapshot(s){}, {} of {} ({})",
                 entries.len(),
+                if diffs > 0 {
+                    format!(" ({diffs} diff(s) over a base)")
+                } else {
+                    String::new()
+                },
                 human_size(total),
                 human_size(cap),
                 store::MAX_BYTES_ENV
@@ -281,12 +309,57 @@ fn ls(format: Format, cache_dir: Option<PathBuf>) -> CliResult {
     Ok(())
 }
 
+/// Where an entry sits in the listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layer {
+    /// A full snapshot (a base, or one without diffs).
+    Full,
+    /// A diff listed under its base.
+    Diff,
+    /// A diff whose base is not in the cache (or unreadable).
+    Orphan,
+}
+
+/// `entries` (most recently used first) in listing order: each full snapshot followed by
+/// the diffs over it, then the diffs without a base.
+fn layered(entries: &[store::Entry]) -> Vec<(&store::Entry, Layer)> {
+    let full = |k: &str| {
+        entries
+            .iter()
+            .any(|e| e.meta.key == k && e.meta.base.is_none())
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries.iter().filter(|e| e.meta.base.is_none()) {
+        out.push((e, Layer::Full));
+        for d in entries
+            .iter()
+            .filter(|d| d.meta.base.as_deref() == Some(e.meta.key.as_str()))
+        {
+            out.push((d, Layer::Diff));
+        }
+    }
+    for e in entries {
+        if e.meta.base.as_deref().is_some_and(|b| !full(b)) {
+            out.push((e, Layer::Orphan));
+        }
+    }
+    out
+}
+
 /// `voidbox snapshot rm`.
-fn rm(keys: Vec<String>, all: bool, cache_dir: Option<PathBuf>) -> CliResult {
+fn rm(
+    keys: Vec<String>,
+    all: bool,
+    with_dependents: bool,
+    cache_dir: Option<PathBuf>,
+) -> CliResult {
     let store = Store::open(cache_dir.as_deref()).map_err(store_err)?;
     let resolved = if all {
         let (entries, broken) = store.list().map_err(store_err)?;
-        let mut v: Vec<String> = entries.into_iter().map(|e| e.meta.key).collect();
+        // Diffs before their bases.
+        let (diffs, full): (Vec<_>, Vec<_>) =
+            entries.into_iter().partition(|e| e.meta.base.is_some());
+        let mut v: Vec<String> = diffs.into_iter().chain(full).map(|e| e.meta.key).collect();
         v.extend(
             broken
                 .iter()
@@ -300,12 +373,49 @@ fn rm(keys: Vec<String>, all: bool, cache_dir: Option<PathBuf>) -> CliResult {
             .collect::<Result<Vec<_>, _>>()
             .map_err(store_err)?
     };
-    for k in &resolved {
-        store.remove(k).map_err(store_err)?;
-        eprintln!("removed {k}");
+    let mut removed = 0;
+    if with_dependents {
+        for k in &resolved {
+            // Gone already when it was a diff over an earlier one.
+            if !store.entry_dir(k).exists() {
+                continue;
+            }
+            for gone in store.remove_with_dependents(k).map_err(store_err)? {
+                eprintln!("removed {gone}");
+                removed += 1;
+            }
+        }
+    } else {
+        // A base is refused, removing nothing, unless its diffs go too; they go first.
+        let mut bases = Vec::new();
+        let mut ordered = Vec::with_capacity(resolved.len());
+        for k in &resolved {
+            let dependents = store.dependents(k);
+            let left: Vec<String> = dependents
+                .iter()
+                .filter(|d| !resolved.contains(d))
+                .cloned()
+                .collect();
+            if !left.is_empty() {
+                return Err(store_err(super::StoreError::HasDependents {
+                    key: k.clone(),
+                    dependents: left,
+                }));
+            }
+            if dependents.is_empty() {
+                ordered.push(k);
+            } else {
+                bases.push(k);
+            }
+        }
+        for k in ordered.into_iter().chain(bases) {
+            store.remove(k).map_err(store_err)?;
+            eprintln!("removed {k}");
+            removed += 1;
+        }
     }
     if all {
-        eprintln!("removed {} snapshot(s)", resolved.len());
+        eprintln!("removed {removed} snapshot(s)");
     }
     Ok(())
 }

@@ -170,6 +170,8 @@ pub fn create(
         snapshot_ms: stats.total.as_millis() as u64,
         pause_us: stats.pause.as_micros() as u64,
         state_bytes: stats.state_bytes,
+        base: None,
+        warm: None,
     };
     store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
     store.install(staging, &key).map_err(env)
@@ -702,6 +704,8 @@ mod tests {
             snapshot_ms: 0,
             pause_us: 0,
             state_bytes: 0,
+            base: None,
+            warm: None,
         };
         let secret = voidbox_protocol::SessionSecret::from_bytes([1; 32]);
         store::write_entry_files(st.path(), &secret, &meta).unwrap();
