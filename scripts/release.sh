@@ -3,6 +3,8 @@
 #
 #   voidbox-VERSION-x86_64-linux/
 #     bin/voidbox                     the CLI (stripped)
+#     bin/voidbox-vmm                 the standalone VMM the CLI starts VMs with (same build,
+#                                     checked at every launch; see the README's "Standalone VMM")
 #     bin/voidbox-guest-agent         the static guest agent (PID 1 of every VM; what
 #                                     `voidbox image build` puts on a system disk)
 #     bin/voidbox-mock-llm            the offline mock agent runtime built beside it
@@ -22,8 +24,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "==> building voidbox" >&2
-cargo build --release -p voidbox >&2
+echo "==> building voidbox and voidbox-vmm" >&2
+cargo build --release -p voidbox -p voidbox-vmm >&2
 voidbox=target/release/voidbox
 version="$("$voidbox" --version | awk '{print $2}')"
 name="voidbox-${version}-x86_64-linux"
@@ -49,6 +51,7 @@ done
 
 echo "==> binaries" >&2
 strip -o "$stage/bin/voidbox" "$voidbox"
+strip -o "$stage/bin/voidbox-vmm" target/release/voidbox-vmm
 guest="target/guest/x86_64-unknown-linux-gnu/release"
 for b in voidbox-guest-agent voidbox-mock-llm; do
   if [ ! -f "$guest/$b" ]; then
@@ -69,7 +72,8 @@ echo "==> wheel data (scripts/wheel.sh packs it)" >&2
 mkdir -p dist/wheel-data/data/share dist/wheel-data/scripts
 cp -r "$stage/share/voidbox" dist/wheel-data/data/share/voidbox
 cp -r "$stage/share/doc" dist/wheel-data/data/share/doc
-cp "$stage/bin/voidbox-guest-agent" "$stage/bin/voidbox-mock-llm" dist/wheel-data/scripts/
+cp "$stage/bin/voidbox-vmm" "$stage/bin/voidbox-guest-agent" "$stage/bin/voidbox-mock-llm" \
+  dist/wheel-data/scripts/
 
 echo "==> tarball" >&2
 tar -C dist --owner=0 --group=0 --sort=name -czf "dist/${name}.tar.gz" "$name"

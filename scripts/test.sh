@@ -47,8 +47,8 @@ apt_install python3-venv
 echo "==> packaging tools"
 ./scripts/wheel.sh --tools-only
 
-echo "==> building voidbox"
-cargo build --release -p voidbox
+echo "==> building voidbox and its standalone VMM (used when beside it; one build)"
+cargo build --release -p voidbox -p voidbox-vmm
 
 if [ "${VOIDBOX_SKIP_VM_TESTS:-0}" != "1" ]; then
   echo "==> guest image (cached after the first build; the first build takes minutes)"

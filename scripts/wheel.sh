@@ -8,6 +8,7 @@
 # pre-commit hook in the tests, and check-jsonschema, hera and PyYAML, which check what
 # `voidbox export` writes against the engines' own schemas and models).
 #
+# The standalone VMM (bin/voidbox-vmm, beside voidbox) comes stripped from dist/wheel-data/scripts.
 # maturin builds the same `cargo build --release -p voidbox` unit the rest of the tree uses
 # (no rustc flags of its own, so nothing is recompiled); the binary is stripped afterwards
 # with `wheel unpack` / `strip` / `wheel pack`, which rewrites the wheel's RECORD.

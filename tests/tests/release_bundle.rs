@@ -264,6 +264,22 @@ fn unpack(tarball: &Path, dir: &Path) -> PathBuf {
 
 /// The paths of the source tree this test (and so the tarball's binary) was built from: a
 /// relocated binary must never name them (issue 34, 6.5).
+/// `doctor`'s `vmm` check says VMs start with the standalone VMM at `path`, of this build.
+fn assert_standalone_vmm(doctor: &Value, path: &Path) {
+    let vmm = doctor["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "vmm"))
+        .cloned()
+        .unwrap_or_default();
+    let detail = vmm["detail"].as_str().unwrap_or_default();
+    assert_eq!(vmm["status"], "ok", "{vmm}");
+    assert!(
+        detail.contains(&path.display().to_string()) && detail.contains("standalone"),
+        "{vmm}"
+    );
+    assert!(detail.contains(voidbox_vmm::build_id::BUILD_ID), "{vmm}");
+}
+
 fn build_tree_paths() -> Vec<String> {
     let root = repo_root();
     let mut paths = vec![root.display().to_string()];
@@ -292,6 +308,7 @@ fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
     let top = unpack(&tarball, dir.path());
     for f in [
         "bin/voidbox",
+        "bin/voidbox-vmm",
         "bin/voidbox-guest-agent",
         "share/doc/voidbox/README.md",
         "share/doc/voidbox/LICENSE",
@@ -328,6 +345,7 @@ fn the_release_tarball_runs_a_pipeline_as_a_fresh_unprivileged_user() {
     let (doctor, _) = user.run(dir.path(), &voidbox, &["doctor", "--format", "json"]);
     assert_no_build_path("doctor", &format!("{}{}", doctor.stdout, doctor.stderr));
     let d: Value = serde_json::from_str(&doctor.stdout).expect("doctor JSON");
+    assert_standalone_vmm(&d, &top.join("bin/voidbox-vmm"));
     // The guest agent a rebuild would use is the one beside the binary.
     let tools = d["checks"]
         .as_array()
@@ -506,6 +524,13 @@ fn the_wheel_installs_into_a_fresh_venv_and_runs_a_pipeline() {
         "both profiles' images in the venv"
     );
     apply_fan_out(&user, &venv.join("bin/voidbox"), dir.path());
+    let (doctor, _) = user.run(
+        dir.path(),
+        &venv.join("bin/voidbox"),
+        &["doctor", "--format", "json"],
+    );
+    let d: Value = serde_json::from_str(&doctor.stdout).expect("doctor JSON");
+    assert_standalone_vmm(&d, &venv.join("bin/voidbox-vmm"));
 
     // `auditwheel show` agrees with the platform tag in the wheel's name.
     let name = wheel

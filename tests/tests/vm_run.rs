@@ -67,6 +67,15 @@ fn killing_the_vmm_mid_exec_is_reported() {
     assert_eq!(line, "started\n");
     let vmm = child_pids(cli.id());
     assert_eq!(vmm.len(), 1, "expected exactly one VMM child: {vmm:?}");
+    // The VMM is the standalone one next to the binary, carrying the `__vmm` marker.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", vmm[0])).unwrap();
+    assert_eq!(
+        exe,
+        std::path::Path::new(&format!("{VOIDBOX}-vmm")),
+        "the VMM is not the standalone one"
+    );
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", vmm[0])).unwrap();
+    assert!(cmdline.split(|b| *b == 0).any(|a| a == b"__vmm"));
     let st = Command::new("kill")
         .args(["-9", &vmm[0].to_string()])
         .status()
@@ -274,4 +283,95 @@ fn a_wait_for_another_process_golden_snapshot_is_told() {
         "{seen}"
     );
     assert!(cli.0.wait().unwrap().success());
+}
+
+/// A standalone VMM from another build next to the binary is refused before any VM starts:
+/// exit 3, both build ids and the fix named. (A copy of the test binary and of its VMM, the
+/// VMM's build id rewritten.)
+#[test]
+fn a_standalone_vmm_from_another_build_is_refused() {
+    if guest_image().is_none() {
+        return;
+    }
+    let ours = voidbox_vmm::build_id::BUILD_ID;
+    let other: String = ours
+        .chars()
+        .rev()
+        .enumerate()
+        .map(|(i, c)| {
+            if i < 4 {
+                if c == '0' {
+                    '1'
+                } else {
+                    '0'
+                }
+            } else {
+                c
+            }
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    assert_eq!(other.len(), ours.len());
+    assert_ne!(other, ours);
+    let dir = tempfile::tempdir().unwrap();
+    let voidbox = dir.path().join("voidbox");
+    std::fs::copy(VOIDBOX, &voidbox).unwrap();
+    let mut vmm = std::fs::read(format!("{VOIDBOX}-vmm")).unwrap();
+    let mut n = 0;
+    let mut i = 0;
+    while let Some(at) = memchr::memmem::find(&vmm[i..], ours.as_bytes()) {
+        vmm[i + at..i + at + ours.len()].copy_from_slice(other.as_bytes());
+        i += at + ours.len();
+        n += 1;
+    }
+    assert!(n >= 1, "build id not found in the VMM binary");
+    let vmm_path = dir.path().join("voidbox-vmm");
+    std::fs::write(&vmm_path, &vmm).unwrap();
+    std::fs::set_permissions(
+        &vmm_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    assert_eq!(
+        voidbox_vmm::build_id::read_from_file(&vmm_path)
+            .unwrap()
+            .as_deref(),
+        Some(other.as_str())
+    );
+    let t0 = Instant::now();
+    let out = Command::new(&voidbox)
+        .args(["run", "--memory-mb", "128", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    for needle in [
+        ours,
+        other.as_str(),
+        &vmm_path.display().to_string(),
+        "not from this voidbox's build",
+        "install voidbox and voidbox-vmm from one release",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
+    }
+    eprintln!("refused in {:?}", t0.elapsed());
+    // Without the standalone VMM the same binary runs its own `__vmm` mode.
+    let doctor = Command::new(&voidbox)
+        .args(["doctor", "--format", "json"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(report.contains("not from this voidbox's build"), "{report}");
+    std::fs::remove_file(&vmm_path).unwrap();
+    let doctor = Command::new(&voidbox)
+        .args(["doctor", "--format", "json"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        report.contains("no standalone VMM next to this binary"),
+        "{report}"
+    );
 }

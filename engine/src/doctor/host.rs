@@ -19,6 +19,8 @@ pub const TOOLS_OCI: &str = "tools-oci";
 pub const TOOLS_RUNTIMES: &str = "tools-runtimes";
 /// Name of the check that sweeps temporary directories left by dead runs.
 pub const STALE_DIRS: &str = "stale-run-dirs";
+/// Name of the check that says which VMM program VMs start with.
+pub const VMM: &str = "vmm";
 /// Name of the graphviz check.
 pub const TOOLS_GRAPHVIZ: &str = "tools-graphviz";
 
@@ -323,6 +325,38 @@ pub fn stale_dirs_verdict(swept: &[crate::sandbox::rundir::Stale]) -> Check {
                     .map(|s| s.path.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
+            ),
+        ),
+    }
+}
+
+/// Which VMM program VMs start with ([`crate::sandbox::vmm_process::vmm_program`]), and
+/// whether a standalone one is from this build (a mismatch fails: every VM launch would be
+/// refused).
+pub fn vmm_check() -> Check {
+    use crate::sandbox::vmm_process::{check_same_build, vmm_program, VmmProgram};
+    let program = match vmm_program() {
+        Ok(p) => p,
+        Err(e) => return Check::fail(VMM, e.to_string(), "reinstall voidbox"),
+    };
+    let VmmProgram::Standalone { path, from_env } = &program else {
+        return Check::ok(VMM, program.describe());
+    };
+    match check_same_build(path, *from_env) {
+        Ok(()) => Check::ok(
+            VMM,
+            format!(
+                "{}, build {}",
+                program.describe(),
+                voidbox_vmm::build_id::build_id()
+            ),
+        ),
+        Err(e) => Check::fail(
+            VMM,
+            e.to_string(),
+            format!(
+                "install voidbox and voidbox-vmm from one release, or remove {}",
+                path.display()
             ),
         ),
     }

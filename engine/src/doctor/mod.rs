@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `kvm`, `kvm-speed` | [`kvm`] |
 //! | `guest-image`, `runtimes`, `snapshots`, `cache-writable`, `disk-space` | [`cache`] |
-//! | `memory`, `tools-*`, `stale-run-dirs` | [`host`] |
+//! | `memory`, `vmm`, `tools-*`, `stale-run-dirs` | [`host`] |
 
 pub mod cache;
 pub mod host;
@@ -35,6 +35,7 @@ pub const CHECK_NAMES: &[&str] = &[
     cache::WRITABLE,
     cache::DISK,
     host::MEMORY,
+    host::VMM,
     host::TOOLS_IMAGE,
     host::TOOLS_OCI,
     host::TOOLS_RUNTIMES,
@@ -217,6 +218,7 @@ pub fn run_checks(cache_root: Result<PathBuf, String>) -> Report {
         cache::writable_check(&cache_root),
         disk,
         host::memory_check(crate::apply::mem_available_mb()),
+        host::vmm_check(),
         host::tools_image_check(&build, image.present),
         host::tools_oci_check(),
         host::tools_runtimes_check(),

@@ -1,5 +1,6 @@
-//! The VMM child process: launching (re-exec of this binary in its hidden VMM mode, or
-//! an explicit program), configuration over a pipe, status and log readers, reaping.
+//! The VMM child process: launching (the standalone `voidbox-vmm` next to this binary when
+//! it is there and from the same build, else a re-exec of this binary in its hidden VMM
+//! mode, or an explicit program), configuration over a pipe, status and log readers, reaping.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -24,20 +25,138 @@ const STDERR_TAIL_LINES: usize = 20;
 /// Console lines read back from the log when the VMM did not report any.
 const CONSOLE_TAIL_LINES: usize = 64;
 
+/// Appended to the running executable's file name to name its standalone VMM: `voidbox`
+/// runs `voidbox-vmm` from its own directory (the test build `voidbox-under-test` runs
+/// `voidbox-under-test-vmm`).
+pub const STANDALONE_SUFFIX: &str = "-vmm";
+
 /// How the VMM process is started.
 #[derive(Debug, Clone, Default)]
 pub enum VmmLauncher {
-    /// `$VOIDBOX_VMM` if set, else the running executable with [`VMM_SUBCOMMAND`]
-    /// (the executable's `main` must dispatch it, as `voidbox` does).
+    /// The program [`vmm_program`] picks: `$VOIDBOX_VMM`, else the standalone VMM next to
+    /// this executable, else this executable with [`VMM_SUBCOMMAND`] (its `main` must
+    /// dispatch it, as `voidbox` does). A standalone VMM from another build is refused
+    /// ([`check_same_build`]).
     #[default]
     CurrentExe,
-    /// An explicit program and leading arguments (e.g. `voidbox __vmm`, `voidbox-vmm`).
+    /// An explicit program and leading arguments (e.g. `voidbox __vmm`, `voidbox-vmm`),
+    /// started as given (no build check).
     Program {
         /// Executable.
         path: PathBuf,
         /// Arguments before `--parent-pid`.
         args: Vec<String>,
     },
+}
+
+/// The VMM program a [`VmmLauncher::CurrentExe`] launch runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmmProgram {
+    /// A standalone `voidbox-vmm` binary.
+    Standalone {
+        /// Its path.
+        path: PathBuf,
+        /// Named by `$VOIDBOX_VMM` (else found next to this executable).
+        from_env: bool,
+    },
+    /// This executable in its hidden [`VMM_SUBCOMMAND`] mode (no standalone VMM next to it).
+    Embedded {
+        /// What is executed: `/proc/self/exe` where there is one.
+        exe: PathBuf,
+    },
+}
+
+impl VmmProgram {
+    /// One line for `voidbox doctor`: which program and why.
+    pub fn describe(&self) -> String {
+        match self {
+            VmmProgram::Standalone {
+                path,
+                from_env: true,
+            } => format!("{} (from ${VMM_ENV})", path.display()),
+            VmmProgram::Standalone { path, .. } => {
+                format!(
+                    "{} (the standalone VMM next to this binary)",
+                    path.display()
+                )
+            }
+            VmmProgram::Embedded { .. } => {
+                format!("`voidbox {VMM_SUBCOMMAND}` (no standalone VMM next to this binary)")
+            }
+        }
+    }
+}
+
+/// Picks the VMM program, by one rule with no fallback: `$VOIDBOX_VMM` when set; else
+/// `<dir>/<name>-vmm` when that file exists, where `<dir>/<name>` is this executable (its
+/// real path, symlinks resolved); else this executable's hidden [`VMM_SUBCOMMAND`] mode.
+pub fn vmm_program() -> Result<VmmProgram, SandboxError> {
+    if let Some(p) = std::env::var_os(VMM_ENV) {
+        return Ok(VmmProgram::Standalone {
+            path: PathBuf::from(p),
+            from_env: true,
+        });
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        SandboxError::Environment(format!("cannot locate the voidbox executable: {e}"))
+    })?;
+    if let Some(sibling) = standalone_next_to(&exe) {
+        if sibling.is_file() {
+            return Ok(VmmProgram::Standalone {
+                path: sibling,
+                from_env: false,
+            });
+        }
+    }
+    // This very executable, even when its file was replaced or removed since it started (an
+    // upgrade, or a rebuild, during a run): the forked child execs `/proc/self/exe`, its
+    // parent's inode. Elsewhere: the path it was run from.
+    let proc_exe = Path::new("/proc/self/exe");
+    Ok(VmmProgram::Embedded {
+        exe: if proc_exe.exists() {
+            proc_exe.to_path_buf()
+        } else {
+            exe
+        },
+    })
+}
+
+/// `<dir>/<name>-vmm` for the executable `<dir>/<name>` (a removed executable's
+/// ` (deleted)` suffix, as `/proc/self/exe` shows it, dropped).
+pub fn standalone_next_to(exe: &Path) -> Option<PathBuf> {
+    let name = exe.file_name()?.to_str()?;
+    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+    Some(exe.with_file_name(format!("{name}{STANDALONE_SUFFIX}")))
+}
+
+/// Refuses (an environment error: exit code 3) a standalone VMM whose build id is not this
+/// binary's: the two could disagree on the config, control, status and snapshot formats.
+/// Reads the id from the file's ELF section ([`voidbox_vmm::build_id`]); runs nothing.
+pub fn check_same_build(path: &Path, from_env: bool) -> Result<(), SandboxError> {
+    let ours = voidbox_vmm::build_id::build_id();
+    let theirs = voidbox_vmm::build_id::read_from_file(path);
+    if matches!(&theirs, Ok(Some(id)) if id == ours) {
+        return Ok(());
+    }
+    let what = match &theirs {
+        Ok(Some(id)) => format!("build id {id}"),
+        Ok(None) => "no build id: older than the same-build check, or not a voidbox VMM".into(),
+        Err(e) => format!("no readable build id: {e}"),
+    };
+    let remove = if from_env {
+        format!("or unset ${VMM_ENV}")
+    } else {
+        format!(
+            "or remove {} to run the VMM inside this binary (`{VMM_SUBCOMMAND}`)",
+            path.display()
+        )
+    };
+    Err(SandboxError::Environment(format!(
+        "the standalone VMM {} is not from this voidbox's build ({what}; this voidbox is \
+         build {ours}): install voidbox and voidbox-vmm from one release or one \
+         `cargo build --release`, {remove}",
+        path.display()
+    )))
 }
 
 /// The only variables a VMM process inherits: it needs none of the rest, and the rest may
@@ -72,23 +191,15 @@ impl VmmLauncher {
                 Ok(c)
             }
             VmmLauncher::CurrentExe => {
-                if let Some(p) = std::env::var_os(VMM_ENV) {
-                    return Ok(Command::new(p));
-                }
-                // This very executable, even when its file was replaced or removed since it
-                // started (an upgrade, or a rebuild, during a run): the forked child execs
-                // `/proc/self/exe`, its parent's inode. Elsewhere: the path it was run from.
-                let proc_exe = Path::new("/proc/self/exe");
-                let exe = if proc_exe.exists() {
-                    proc_exe.to_path_buf()
-                } else {
-                    std::env::current_exe().map_err(|e| {
-                        SandboxError::Environment(format!(
-                            "cannot locate the voidbox executable: {e}"
-                        ))
-                    })?
+                let mut c = match vmm_program()? {
+                    VmmProgram::Standalone { path, from_env } => {
+                        check_same_build(&path, from_env)?;
+                        Command::new(path)
+                    }
+                    VmmProgram::Embedded { exe } => Command::new(exe),
                 };
-                let mut c = Command::new(exe);
+                // The standalone VMM takes (and ignores) the marker too, so every VMM process
+                // shows it in its command line (`kill_vmm_children` finds them by it).
                 c.arg(VMM_SUBCOMMAND);
                 Ok(c)
             }
@@ -371,6 +482,44 @@ mod tests {
     }
 
     #[test]
+    fn the_standalone_vmm_is_named_after_the_executable() {
+        let n = |p: &str| standalone_next_to(Path::new(p)).unwrap();
+        assert_eq!(
+            n("/opt/vb/bin/voidbox"),
+            Path::new("/opt/vb/bin/voidbox-vmm")
+        );
+        assert_eq!(
+            n("/t/voidbox-under-test"),
+            Path::new("/t/voidbox-under-test-vmm")
+        );
+        assert_eq!(
+            n("/usr/bin/voidbox (deleted)"),
+            Path::new("/usr/bin/voidbox-vmm")
+        );
+    }
+
+    #[test]
+    fn the_same_build_check() {
+        // This test binary links the VMM crate: it carries this build's id.
+        let me = std::env::current_exe().unwrap();
+        check_same_build(&me, false).unwrap();
+        let Err(SandboxError::Environment(e)) = check_same_build(Path::new("/bin/sh"), false)
+        else {
+            panic!("a binary without a build id was accepted")
+        };
+        assert!(
+            e.contains("no build id") && e.contains("remove /bin/sh"),
+            "{e}"
+        );
+        assert!(e.contains(voidbox_vmm::build_id::BUILD_ID), "{e}");
+        let Err(SandboxError::Environment(e)) = check_same_build(Path::new("/nonexistent"), true)
+        else {
+            panic!("a missing file was accepted")
+        };
+        assert!(e.contains("unset $VOIDBOX_VMM"), "{e}");
+    }
+
+    #[test]
     fn a_vmm_that_cannot_start_is_an_environment_error() {
         let cfg = VmConfig {
             kernel: "/nonexistent".into(),
@@ -388,6 +537,7 @@ mod tests {
             image_hash: String::new(),
             snapshot_control: false,
             restore: None,
+            restore_base: None,
             restore_grant: None,
             disks: Vec::new(),
             network: None,
