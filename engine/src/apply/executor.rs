@@ -233,7 +233,7 @@ impl VmExecutor {
             job,
             console,
             &prepared.req.program,
-            gateway.as_ref().map(Gateway::port),
+            gateway.as_ref().and_then(Gateway::port),
         );
         cfg.set_shares(crate::mount_flag::shares(&mounts));
         let mut sb = match self.snapshots.start(&cfg, named, &cancelled) {

@@ -17,6 +17,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use url::Url;
 
+use super::identity::Identity;
 use super::usage::Sniffer;
 use super::{Counters, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_BODY};
 use crate::error_chain::error_chain;
@@ -35,6 +36,20 @@ pub(crate) struct Shared {
     pub(crate) credential: Option<Credential>,
     pub(crate) client: reqwest::Client,
     pub(crate) counters: Arc<Counters>,
+    /// Set with [`super::GatewayOptions::fresh_identity`]: JSON bodies are read whole (up to
+    /// [`MAX_REQUEST_BODY`]) and rewritten.
+    pub(crate) identity: Option<Identity>,
+    /// Bodies being read whole at a time ([`MAX_BUFFERED`]); more wait their turn.
+    pub(crate) buffering: tokio::sync::Semaphore,
+}
+
+/// Most request bodies held in memory at once (for a [`Shared::identity`] rewrite).
+pub(crate) const MAX_BUFFERED: usize = 4;
+
+/// A bound listening socket, handed to [`serve`].
+pub(crate) enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded either way.
@@ -61,13 +76,41 @@ const DROPPED_REQUEST: [&str; 8] = [
     "accept-encoding",
 ];
 
+/// The listener on the tokio runtime.
+enum Accepting {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// One accepted connection.
+enum Conn {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Accepting {
+    async fn accept(&self) -> std::io::Result<Conn> {
+        match self {
+            Accepting::Tcp(l) => l.accept().await.map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                Conn::Tcp(s)
+            }),
+            Accepting::Unix(l) => l.accept().await.map(|(s, _)| Conn::Unix(s)),
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` fires (or its sender is dropped).
 pub(crate) async fn serve(
-    listener: std::net::TcpListener,
+    listener: Listener,
     shared: Arc<Shared>,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+    let listener = match listener {
+        Listener::Tcp(l) => tokio::net::TcpListener::from_std(l).map(Accepting::Tcp),
+        Listener::Unix(l) => tokio::net::UnixListener::from_std(l).map(Accepting::Unix),
+    };
+    let Ok(listener) = listener else {
         return;
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -75,31 +118,38 @@ pub(crate) async fn serve(
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(_) => {
-                        // Out of descriptors or an aborted handshake: try again shortly.
-                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                        continue;
-                    }
+                let Ok(conn) = accepted else {
+                    // Out of descriptors or an aborted handshake: try again shortly.
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
                 };
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     continue; // over MAX_CONNECTIONS: closed at once
                 };
-                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    let service = service_fn(move |req| handle(shared.clone(), req));
-                    let _ = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_READ_TIMEOUT)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
+                match conn {
+                    Conn::Tcp(s) => spawn_connection(s, shared, slot),
+                    Conn::Unix(s) => spawn_connection(s, shared, slot),
+                }
             }
         }
     }
+}
+
+/// Serves HTTP/1.1 on one connection, holding its `slot` until it closes.
+fn spawn_connection<S>(stream: S, shared: Arc<Shared>, slot: tokio::sync::OwnedSemaphorePermit)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _slot = slot;
+        let service = service_fn(move |req| handle(shared.clone(), req));
+        let _ = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    });
 }
 
 /// Whether a request carries the placeholder token.
@@ -211,18 +261,57 @@ async fn handle(
     }
     let (parts, body) = req.into_parts();
     let fault = Arc::new(AtomicU8::new(BODY_OK));
-    let body = Capped {
-        inner: body,
-        left: MAX_REQUEST_BODY,
-        fault: fault.clone(),
+    let mut headers = upstream_headers(&parts.headers, shared.credential.as_ref());
+    let body = match &shared.identity {
+        Some(identity) if is_json(&parts.headers) => {
+            identity.rewrite_headers(&mut headers);
+            // A JSON body is read whole to replace the ids in it (a few at a time).
+            let permit = shared.buffering.acquire().await;
+            let read = http_body_util::Limited::new(body, MAX_REQUEST_BODY)
+                .collect()
+                .await
+                .map(|b| b.to_bytes());
+            let bytes = match read {
+                Ok(b) => b,
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return refuse(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "request_too_large",
+                        &format!("request body over {MAX_REQUEST_BODY} bytes"),
+                    )
+                }
+                Err(_) => {
+                    return refuse(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "the request body could not be read",
+                    )
+                }
+            };
+            let bytes = identity
+                .rewrite_body(&bytes)
+                .map(Bytes::from)
+                .unwrap_or(bytes);
+            drop(permit);
+            reqwest::Body::from(bytes)
+        }
+        identity => {
+            if let Some(identity) = identity {
+                identity.rewrite_headers(&mut headers);
+            }
+            reqwest::Body::wrap(Capped {
+                inner: body,
+                left: MAX_REQUEST_BODY,
+                fault: fault.clone(),
+            })
+        }
     };
-    let headers = upstream_headers(&parts.headers, shared.credential.as_ref());
 
     let sent = shared
         .client
         .request(parts.method, url)
         .headers(headers)
-        .body(reqwest::Body::wrap(body))
+        .body(body)
         .send()
         .await;
     // On a body fault the upstream got a cut request and its connection was aborted.
@@ -279,6 +368,16 @@ async fn handle(
         parts,
         body.map_err(|e| Box::new(e) as BoxError).boxed_unsync(),
     ))
+}
+
+/// Whether the request says its body is JSON (`application/json`, `…+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|m| m.trim().to_ascii_lowercase())
+        .is_some_and(|m| m == "application/json" || m.ends_with("+json"))
 }
 
 /// The upstream URL for a request path: the same path and query on the upstream's origin,

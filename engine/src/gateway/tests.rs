@@ -229,7 +229,7 @@ async fn swaps_the_token_for_the_key_and_streams_sse_incrementally() {
     let gw = start(&ep);
     assert_eq!(
         gw.guest_base_url(),
-        format!("http://10.0.2.2:{}", gw.port())
+        format!("http://10.0.2.2:{}", gw.port().expect("tcp"))
     );
     let token = gw.token().to_string();
     assert!(
@@ -404,7 +404,7 @@ async fn codex_bearer_key_prefix_and_openai_usage() {
     let gw = start(&ep);
     assert_eq!(
         gw.guest_base_url(),
-        format!("http://10.0.2.2:{}/v1", gw.port())
+        format!("http://10.0.2.2:{}/v1", gw.port().expect("tcp"))
     );
     let c = client();
     let resp = c
@@ -427,7 +427,10 @@ async fn codex_bearer_key_prefix_and_openai_usage() {
     );
 
     let resp = c
-        .get(format!("http://127.0.0.1:{}/admin", gw.port()))
+        .get(format!(
+            "http://127.0.0.1:{}/admin",
+            gw.port().expect("tcp")
+        ))
         .header("authorization", format!("Bearer {}", gw.token()))
         .send()
         .await
@@ -524,6 +527,7 @@ async fn https_upstream_trusted_through_the_ca_file() {
         &ep,
         &GatewayOptions {
             ca_file: Some(ca_file.clone()),
+            ..GatewayOptions::default()
         },
     )
     .expect("gateway");
@@ -560,6 +564,7 @@ async fn https_upstream_trusted_through_the_ca_file() {
         &ep,
         &GatewayOptions {
             ca_file: Some(ca_file),
+            ..GatewayOptions::default()
         },
     )
     .unwrap_err();
@@ -572,7 +577,7 @@ async fn oversize_body_is_413_and_not_forwarded() {
     let up = Upstream::start(None).await;
     let ep = endpoint(&format!("http://{}", up.addr), None);
     let gw = start(&ep);
-    let port = gw.port();
+    let port = gw.port().expect("tcp");
     let token = gw.token().to_string();
     let token2 = token.clone();
     let reply = tokio::task::spawn_blocking(move || {
@@ -684,7 +689,7 @@ async fn upstream_down_is_502_with_a_clear_body() {
 fn stop_closes_the_port_and_mock_has_no_gateway() {
     let ep = endpoint("http://127.0.0.1:9", None);
     let gw = start(&ep);
-    let port = gw.port();
+    let port = gw.port().expect("tcp");
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     let debug = format!("{gw:?}");
     assert!(!debug.contains(gw.token()), "{debug}");
@@ -732,4 +737,349 @@ fn the_guest_network_reaches_the_gateway_and_keeps_the_nodes_policy() {
     // Without a gateway nothing changes, and no network stays none.
     assert_eq!(guest_network(Some(node.clone()), None), Some(node));
     assert_eq!(guest_network(None, None), None);
+}
+
+/// One raw HTTP/1.1 exchange over a Unix socket (`connection: close`), blocking.
+fn unix_exchange(path: &std::path::Path, request: String) -> String {
+    let mut s = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(request.as_bytes()).expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn post(path: &str, token: Option<&str>, body: &str) -> String {
+    let auth = token.map_or(String::new(), |t| format!("x-api-key: {t}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: 10.0.3.254\r\nconnection: close\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[tokio::test]
+async fn unix_socket_is_0600_and_serves_as_tcp_does() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let up = Upstream::start(None).await;
+    let ep = endpoint(
+        &format!("http://{}", up.addr),
+        Some(Credential::ApiKey(Secret::new(REAL_KEY))),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let sock = dir.path().join("gateway.sock");
+    let options = GatewayOptions {
+        listen: Listen::Unix(sock.clone()),
+        ..GatewayOptions::default()
+    };
+    let gw = Gateway::start_with(&ep, &options).expect("gateway");
+    assert_eq!(gw.port(), None);
+    assert_eq!(gw.unix_path(), Some(sock.as_path()));
+    assert_eq!(gw.guest_base_url(), "http://10.0.3.254");
+    let meta = std::fs::symlink_metadata(&sock).expect("socket file");
+    assert_eq!(meta.mode() & 0o170777, 0o140600, "a socket, mode 0600");
+
+    let token = gw.token().to_string();
+    let (s1, s2) = (sock.clone(), sock.clone());
+    let ok =
+        tokio::task::spawn_blocking(move || unix_exchange(&s1, post("/json", Some(&token), "{}")))
+            .await
+            .expect("join");
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    assert!(ok.contains(MESSAGE_JSON), "{ok}");
+    let refused =
+        tokio::task::spawn_blocking(move || unix_exchange(&s2, post("/json", None, "{}")))
+            .await
+            .expect("join");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    let s = stats_until(&gw, |s| s.output_tokens > 0).await;
+    assert_eq!(
+        (s.requests, s.refused, s.input_tokens, s.output_tokens),
+        (1, 1, 10, 4)
+    );
+    assert_eq!(header(&up.seen()[0].headers, "x-api-key"), [REAL_KEY]);
+
+    // Taken, or in a directory others may write: refused, nothing replaced.
+    let again = Gateway::start_with(&ep, &options).unwrap_err();
+    assert!(again.to_string().contains("already exists"), "{again}");
+    let open = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let err = Gateway::start_with(
+        &ep,
+        &GatewayOptions {
+            listen: Listen::Unix(open.path().join("gw.sock")),
+            ..GatewayOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("writable by group or others"),
+        "{err}"
+    );
+    assert!(!open.path().join("gw.sock").exists());
+
+    // Stopping removes the socket.
+    gw.stop();
+    assert!(
+        std::fs::symlink_metadata(&sock).is_err(),
+        "socket left behind"
+    );
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
+}
+
+#[tokio::test]
+async fn a_given_token_is_accepted_and_a_minted_one_is_not() {
+    let up = Upstream::start(None).await;
+    let ep = endpoint(&format!("http://{}", up.addr), None);
+    let given = format!("vbx-{}", "0123456789abcdef".repeat(3));
+    let gw = Gateway::start_with(
+        &ep,
+        &GatewayOptions {
+            token: Some(Secret::new(given.clone())),
+            ..GatewayOptions::default()
+        },
+    )
+    .expect("gateway");
+    assert_eq!(gw.token(), given);
+    let minted = start(&ep);
+    assert_ne!(minted.token(), given);
+    let c = client();
+    let send = |token: String| {
+        c.post(format!("{}/other", host_base(&gw)))
+            .header("x-api-key", token)
+            .body("{}")
+            .send()
+    };
+    assert_eq!(send(given.clone()).await.expect("send").status(), 200);
+    assert_eq!(
+        send(minted.token().to_string())
+            .await
+            .expect("send")
+            .status(),
+        403
+    );
+    assert_eq!(up.seen().len(), 1);
+
+    for bad in [
+        "vbx-abc".to_string(),
+        format!("vbx-{}", "0123456789ABCDEF".repeat(3)),
+        format!("vbx-{}0", "0123456789abcdef".repeat(3)),
+        format!("sk-{}", "0123456789abcdef".repeat(3)),
+        format!("vbx-{}", "0123456789abcdeg".repeat(3)),
+    ] {
+        let err = Gateway::start_with(
+            &ep,
+            &GatewayOptions {
+                token: Some(Secret::new(bad.clone())),
+                ..GatewayOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, GatewayError::BadToken), "{bad}: {err}");
+        assert!(!err.to_string().contains(&bad));
+    }
+}
+
+const ORIG_SESSION: &str = "9728c8e4-68a3-42a9-ac97-8b6f8d0d23a8";
+const ORIG_DEVICE: &str = "d643c067f1f1490565794ed0e72962fb3202c5ff9118a1d574e81ce468e34ae3";
+const ORIG_INSTALL: &str = "5c9112f3-835c-45b4-9a1c-0c7a47e4016d";
+
+/// A Claude Code request body as 2.1.330 sends it (abridged): `metadata.user_id` is a JSON
+/// string.
+fn claude_body(turn: u32) -> String {
+    format!(
+        r#"{{"model":"claude-x","messages":[{{"role":"user","content":[{{"type":"text","text":"turn {turn} \u00e9 \ud83e\udd16"}}]}}],"metadata":{{"user_id":"{{\"device_id\":\"{ORIG_DEVICE}\",\"account_uuid\":\"\",\"session_id\":\"{ORIG_SESSION}\"}}"}},"max_tokens":32000,"temperature":1.0,"stream":false}}"#
+    )
+}
+
+fn codex_body() -> String {
+    format!(
+        r#"{{"model":"gpt-x","prompt_cache_key":"thread-1","client_metadata":{{"session_id":"thread-1","x-codex-turn-metadata":"{{\"installation_id\":\"{ORIG_INSTALL}\",\"session_id\":\"thread-1\"}}","x-codex-installation-id":"{ORIG_INSTALL}"}}}}"#
+    )
+}
+
+/// The ids a Claude Code request carried upstream: header session, body session, device;
+/// and the body with the ids put back as the runtime sent them.
+fn claude_ids(seen: &Seen) -> (String, String, String, String) {
+    let header_session = header(&seen.headers, "x-claude-code-session-id")[0].to_string();
+    let v: serde_json::Value = serde_json::from_slice(&seen.body).expect("json");
+    let user: serde_json::Value =
+        serde_json::from_str(v["metadata"]["user_id"].as_str().expect("string")).expect("json");
+    assert_eq!(user["account_uuid"], "", "other fields kept");
+    let session = user["session_id"].as_str().expect("session").to_string();
+    let device = user["device_id"].as_str().expect("device").to_string();
+    let restored = String::from_utf8(seen.body.to_vec())
+        .expect("utf8")
+        .replace(&session, ORIG_SESSION)
+        .replace(&device, ORIG_DEVICE);
+    (header_session, session, device, restored)
+}
+
+fn is_uuid_v4(s: &str) -> bool {
+    let b = s.as_bytes();
+    s.len() == 36
+        && [8, 13, 18, 23].iter().all(|&i| b[i] == b'-')
+        && b[14] == b'4'
+        && s.bytes().all(|c| c == b'-' || c.is_ascii_hexdigit())
+}
+
+#[tokio::test]
+async fn fresh_identity_gives_each_gateway_its_own_consistent_ids() {
+    let up = Upstream::start(None).await;
+    let ep = endpoint(
+        &format!("http://{}", up.addr),
+        Some(Credential::ApiKey(Secret::new(REAL_KEY))),
+    );
+    let fresh = GatewayOptions {
+        fresh_identity: true,
+        ..GatewayOptions::default()
+    };
+    let gws = [
+        Gateway::start_with(&ep, &fresh).expect("gateway"),
+        Gateway::start_with(&ep, &fresh).expect("gateway"),
+        start(&ep), // without: the runtime's ids pass as they are
+    ];
+    let c = client();
+    for gw in &gws {
+        for turn in 0..2 {
+            let resp = c
+                .post(format!("{}/json", host_base(gw)))
+                .header("x-api-key", gw.token())
+                .header("content-type", "application/json")
+                .header("x-claude-code-session-id", ORIG_SESSION)
+                .body(claude_body(turn))
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.text().await.expect("body"), MESSAGE_JSON);
+        }
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 6);
+    let ids: Vec<_> = seen.iter().map(claude_ids).collect();
+    for (i, (h, s, d, restored)) in ids.iter().enumerate() {
+        assert_eq!(h, s, "header and body agree");
+        assert_eq!(restored, &claude_body(i as u32 % 2), "nothing else changed");
+        if i < 4 {
+            assert!(is_uuid_v4(s), "{s}");
+            assert!(d.len() == 64 && d.bytes().all(|c| c.is_ascii_hexdigit()));
+            assert_ne!((s.as_str(), d.as_str()), (ORIG_SESSION, ORIG_DEVICE));
+            assert!(s != ORIG_SESSION && d != ORIG_DEVICE);
+        } else {
+            assert_eq!((s.as_str(), d.as_str()), (ORIG_SESSION, ORIG_DEVICE));
+        }
+    }
+    // Consistent within a gateway, different between gateways.
+    assert_eq!(ids[0].1, ids[1].1);
+    assert_eq!(ids[0].2, ids[1].2);
+    assert_eq!(ids[2].1, ids[3].1);
+    assert_eq!(ids[2].2, ids[3].2);
+    assert_ne!(ids[0].1, ids[2].1);
+    assert_ne!(ids[0].2, ids[2].2);
+
+    // Codex: its installation id, in the header and the body; its thread ids stay.
+    let gw = &gws[0];
+    let turn_header = format!(r#"{{"installation_id":"{ORIG_INSTALL}","session_id":"thread-1"}}"#);
+    let resp = c
+        .post(format!("{}/json", host_base(gw)))
+        .header("authorization", format!("Bearer {}", gw.token()))
+        .header("content-type", "application/json")
+        .header("session-id", "thread-1")
+        .header("x-codex-turn-metadata", &turn_header)
+        .body(codex_body())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let r = &up.seen()[6];
+    let h: serde_json::Value =
+        serde_json::from_str(header(&r.headers, "x-codex-turn-metadata")[0]).expect("json");
+    let install = h["installation_id"].as_str().expect("id").to_string();
+    assert!(is_uuid_v4(&install) && install != ORIG_INSTALL, "{install}");
+    assert_eq!(header(&r.headers, "session-id"), ["thread-1"]);
+    let body = String::from_utf8(r.body.to_vec()).expect("utf8");
+    assert_eq!(body.matches(&install).count(), 2, "{body}");
+    assert_eq!(body.replace(&install, ORIG_INSTALL), codex_body());
+
+    // A body without those fields, JSON or not, passes byte for byte.
+    let plain = "{ \"model\" : \"m\", \"metadata\": {\"other\": 1.50} }";
+    for (ct, body) in [("application/json", plain), ("text/plain", "metadata\"")] {
+        let resp = c
+            .post(format!("{}/json", host_base(gw)))
+            .header("x-api-key", gw.token())
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(up.seen().last().expect("seen").body, body.as_bytes());
+    }
+    let s = stats_until(gw, |s| s.output_tokens >= 20).await;
+    assert_eq!(
+        s,
+        GatewayStats {
+            requests: 5,
+            refused: 0,
+            upstream_errors: 0,
+            input_tokens: 50,
+            output_tokens: 20,
+            cached_tokens: 15,
+        }
+    );
+}
+
+/// With fresh identity a JSON body is read whole: over the limit it is 413, not forwarded.
+#[tokio::test]
+async fn fresh_identity_still_refuses_an_oversize_streamed_body() {
+    let up = Upstream::start(None).await;
+    let ep = endpoint(&format!("http://{}", up.addr), None);
+    let gw = Gateway::start_with(
+        &ep,
+        &GatewayOptions {
+            fresh_identity: true,
+            ..GatewayOptions::default()
+        },
+    )
+    .expect("gateway");
+    let port = gw.port().expect("tcp");
+    let token = gw.token().to_string();
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut r = s.try_clone().expect("clone");
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+                if out.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        });
+        let head = format!(
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: {token}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let _ = s.write_all(head.as_bytes());
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..(MAX_REQUEST_BODY >> 20) + 2 {
+            let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), &chunk, b"\r\n"].concat();
+            if s.write_all(&framed).is_err() {
+                break;
+            }
+        }
+        let _ = s.write_all(b"0\r\n\r\n");
+        reader.join().expect("reader")
+    })
+    .await
+    .expect("join");
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(up.seen().is_empty());
+    assert_eq!((gw.stats().refused, gw.stats().requests), (1, 0));
 }

@@ -329,7 +329,7 @@ struct Program {
 /// What an agent's session adds to the VM: the runtimes disk and the gateway's port.
 struct AgentVm {
     disk: ImageDisk,
-    gateway_port: u16,
+    gateway_port: Option<u16>,
 }
 
 /// The spec's node prepared as `apply` prepares it (image pulled and converted, boot
@@ -393,7 +393,7 @@ fn vm_config(
         cfg.vcpus = u8::try_from(node.sandbox.vcpus).unwrap_or(u8::MAX);
     }
     p.env.extend(setup.env.iter().cloned());
-    let gateway_port = agent.as_ref().map(|a| a.gateway_port);
+    let gateway_port = agent.as_ref().and_then(|a| a.gateway_port);
     if let Some(a) = agent {
         // The real runtimes come on their own read-only disk, as in `apply`.
         cfg.disks.images.push(a.disk);

@@ -311,7 +311,7 @@ fn an_agents_vm_gets_the_runtimes_disk_the_gateway_and_its_runtime() {
         let setup = Setup::new(&a, Some(&plan)).unwrap();
         let agent = AgentVm {
             disk: disk.clone(),
-            gateway_port: 4321,
+            gateway_port: Some(4321),
         };
         let node = node_vm(&setup, Some(&plan), &base).unwrap();
         vm_config(
