@@ -2,14 +2,16 @@
 //! ([`MMIO_GAP_START`], 3 GiB), and whatever does not fit there in a second region from
 //! 4 GiB up ([`HIGH_RAM_START`]); see [`ram_regions`]. Anonymous (`MAP_NORESERVE`, so host
 //! memory is used only as the guest touches it) on a cold boot, a private (copy-on-write)
-//! mapping of the snapshot's memory file on restore.
+//! mapping of the snapshot's memory file on restore; for a layered snapshot, the base's
+//! memory file with the diff's page runs mapped over it ([`overlay_file_runs`]).
 
 use std::fs::File;
+use std::os::unix::io::AsRawFd;
 
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{
     FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-    GuestRegionMmap,
+    GuestRegionMmap, MemoryRegionAddress,
 };
 
 /// Start of the 32-bit MMIO gap: the low RAM region ends here at the latest.
@@ -136,6 +138,78 @@ pub fn map_guest_memory_file(file: File, size: u64) -> Result<GuestMem, MemoryEr
         offset += r.size;
     }
     GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Mmap(e.to_string()))
+}
+
+/// Maps runs of `file` over guest memory laid out by [`ram_regions`] (as [`map_guest_memory_file`]
+/// mapped it): each `(memory-file offset, length, offset in file)` replaces that range of
+/// guest RAM with a private (copy-on-write, lazily read) mapping of `file`, `MAP_FIXED` in
+/// place. Every offset and length must be page-aligned and each run inside one RAM region;
+/// the caller verified `file` is long enough. The runs stay part of `mem`'s regions (their
+/// unmapping on drop covers them).
+pub fn overlay_file_runs(
+    mem: &GuestMem,
+    file: &File,
+    runs: &[(u64, u64, u64)],
+) -> Result<(), MemoryError> {
+    const PAGE: u64 = 4096;
+    let mut layout = Vec::new();
+    let mut at = 0u64;
+    for r in ram_regions(ram_size(mem))? {
+        layout.push((at, r));
+        at += r.size;
+    }
+    for &(off, len, file_off) in runs {
+        let bad = |why: &str| {
+            MemoryError::Mmap(format!(
+                "overlay of {len:#x} bytes at memory offset {off:#x} (file offset {file_off:#x}): {why}"
+            ))
+        };
+        if len == 0
+            || !off.is_multiple_of(PAGE)
+            || !len.is_multiple_of(PAGE)
+            || !file_off.is_multiple_of(PAGE)
+        {
+            return Err(bad("not page-aligned"));
+        }
+        let (start, r) = layout
+            .iter()
+            .find(|(s, r)| off >= *s && off.checked_add(len).is_some_and(|e| e <= s + r.size))
+            .ok_or_else(|| bad("not inside one RAM region"))?;
+        let gpa = r.start + (off - start);
+        let region = mem
+            .find_region(GuestAddress(gpa))
+            .ok_or_else(|| bad("not in guest memory"))?;
+        let rel = gpa - region.start_addr().0;
+        if rel + len > region.len() {
+            return Err(bad("crosses the end of its guest memory region"));
+        }
+        let host = region
+            .get_host_address(MemoryRegionAddress(rel))
+            .map_err(|e| bad(&e.to_string()))?;
+        let n = usize::try_from(len).map_err(|_| bad("too long"))?;
+        let fo = libc::off_t::try_from(file_off).map_err(|_| bad("file offset too large"))?;
+        // SAFETY: `[host, host + n)` lies inside a mapping owned by `mem` (checked above:
+        // within one region, page-aligned), which nothing else references while the VM is
+        // being built; MAP_FIXED replaces exactly those pages with a private mapping of
+        // `file` with the same protection, and the region's unmap on drop covers them.
+        let p = unsafe {
+            libc::mmap(
+                host.cast(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                fo,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(bad(&std::io::Error::last_os_error().to_string()));
+        }
+        if p != host.cast() {
+            return Err(bad("mapped at the wrong address"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

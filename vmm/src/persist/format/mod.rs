@@ -32,6 +32,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::memory::GuestMem;
 
+pub mod diff;
 mod memory_file;
 
 pub use memory_file::*;
@@ -460,6 +461,8 @@ pub fn save(
     let mem_path = dir.join(MEMORY_FILE);
     let mem_tmp = mem_path.with_extension("tmp");
     let digest = write_memory_file(mem, key.memory_size, &mem_tmp)?;
+    // A full snapshot over a layered one: the directory must not keep its memory diff.
+    remove_stale(&dir.join(diff::DIFF_FILE))?;
     fs::rename(&mem_tmp, &mem_path).map_err(io_err(&mem_path))?;
     let bytes = encode(key, state, key.memory_size, &digest)?;
     let state_path = dir.join(STATE_FILE);
@@ -491,6 +494,8 @@ pub struct LoadedSnapshot {
     pub memory_path: PathBuf,
     /// The memory file as verified (map this one, not a second open of the path).
     pub memory_file: File,
+    /// Its identity as the base of a layered snapshot (from the state file as verified).
+    pub id: diff::BaseId,
 }
 
 /// Reads and verifies the snapshot in `dir` against `expected`. Nothing about a VM is touched;
@@ -504,13 +509,22 @@ pub fn load(
     let (header, state) = decode(&data, Some(expected))?;
     let state = state.to_vec();
     let memory_path = dir.join(MEMORY_FILE);
+    if !memory_path.exists() && dir.join(diff::DIFF_FILE).exists() {
+        return Err(SnapshotError::BadHeader(format!(
+            "{} is a layered snapshot (a memory diff over a base snapshot): restore it with \
+             its base",
+            dir.display()
+        )));
+    }
     let memory_file = File::open(&memory_path).map_err(io_err(&memory_path))?;
     verify_memory(&memory_file, &memory_path, &header, check)?;
+    let id = diff::BaseId::of(&header, &data);
     Ok(LoadedSnapshot {
         header,
         state,
         memory_path,
         memory_file,
+        id,
     })
 }
 
