@@ -131,6 +131,10 @@ pub struct VmConfig {
     /// are then not read).
     #[serde(default)]
     pub restore: Option<PathBuf>,
+    /// With `restore`: `restore` is a layered snapshot (a memory diff) over the full snapshot
+    /// in this directory, whose memory file is mapped with the diff's pages over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_base: Option<PathBuf>,
     /// What a restored guest gets on its restore page before it resumes: a new session
     /// secret, host entropy and its policy (see [`crate::restore_page`]). Required to restore
     /// a snapshot that reserves a restore page; only valid with `restore`.
@@ -207,6 +211,9 @@ pub enum ConfigError {
     /// A restore grant without `restore`, or one that does not fit the restore page.
     #[error("restore_grant: {0}")]
     RestoreGrant(String),
+    /// A restore base without `restore`.
+    #[error("restore_base: only a restore (of a layered snapshot) takes a base")]
+    RestoreBase,
 }
 
 impl VmConfig {
@@ -258,6 +265,13 @@ impl VmConfig {
             .is_some_and(|p| p.as_os_str().is_empty())
         {
             return Err(ConfigError::EmptyPath("restore"));
+        }
+        match (&self.restore_base, &self.restore) {
+            (Some(b), _) if b.as_os_str().is_empty() => {
+                return Err(ConfigError::EmptyPath("restore_base"))
+            }
+            (Some(_), None) => return Err(ConfigError::RestoreBase),
+            _ => {}
         }
         if let Some(g) = &self.restore_grant {
             if self.restore.is_none() {
@@ -450,8 +464,23 @@ mod tests {
         // Round trip through serde (the engine serializes the struct).
         let back = VmConfig::from_json(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
+        let c = VmConfig::from_json(
+            r#"{"kernel":"/k","console_log":"/c","restore":"/snaps/d","restore_base":"/snaps/b"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.restore_base.as_deref(),
+            Some(std::path::Path::new("/snaps/b"))
+        );
+        let back = VmConfig::from_json(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert!(matches!(
+            VmConfig::from_json(r#"{"kernel":"/k","console_log":"/c","restore_base":"/b"}"#),
+            Err(ConfigError::RestoreBase)
+        ));
         for bad in [
             r#"{"kernel":"/k","console_log":"/c","restore":""}"#,
+            r#"{"kernel":"/k","console_log":"/c","restore":"/s","restore_base":""}"#,
             r#"{"kernel":"/k","console_log":"/c","image_hash":"a b"}"#,
             r#"{"kernel":"/k","console_log":"/c","snapshot_control":"yes"}"#,
         ] {

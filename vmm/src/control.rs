@@ -5,6 +5,9 @@
 //! Commands (one JSON object per line):
 //!
 //! * `{"snapshot":{"dir":"/abs/dir"}}`: pause, write a snapshot into `dir`, resume.
+//! * `{"snapshot":{"dir":"/abs/dir","base":"/abs/base"}}`: the same, as a layered snapshot
+//!   (only the memory pages written since the VM was restored from the full snapshot in
+//!   `base`; refused for a VM restored from anything else).
 //!
 //! A malformed or unknown command, or a line longer than [`MAX_CONTROL_LINE`], is rejected
 //! (logged and reported as [`VmEvent::ControlRejected`]); the channel stays usable. EOF ends
@@ -107,12 +110,16 @@ impl<R: Read> LineReader<R> {
     }
 }
 
-/// `{"snapshot":{"dir":…}}`.
+/// `{"snapshot":{"dir":…, "base":…}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotCommand {
     /// Absolute directory to write the snapshot into (created if missing).
     pub dir: PathBuf,
+    /// Absolute directory of the full snapshot this VM was restored from: write a layered
+    /// snapshot (a memory diff over it) instead of a full one.
+    #[serde(default)]
+    pub base: Option<PathBuf>,
 }
 
 /// A control command.
@@ -129,14 +136,20 @@ pub fn parse_command(line: &[u8]) -> Result<ControlCommand, String> {
         serde_json::from_slice(line).map_err(|e| format!("invalid control command: {e}"))?;
     match &cmd {
         ControlCommand::Snapshot(s) => {
-            if !s.dir.is_absolute() {
-                return Err("snapshot dir must be an absolute path".into());
+            for (what, p) in [("dir", Some(&s.dir)), ("base", s.base.as_ref())] {
+                let Some(p) = p else { continue };
+                if !p.is_absolute() {
+                    return Err(format!("snapshot {what} must be an absolute path"));
+                }
+                if p.as_os_str().len() > 4096 {
+                    return Err(format!("snapshot {what} is too long"));
+                }
+                if p.as_os_str().as_encoded_bytes().contains(&0) {
+                    return Err(format!("snapshot {what} contains a NUL byte"));
+                }
             }
-            if s.dir.as_os_str().len() > 4096 {
-                return Err("snapshot dir is too long".into());
-            }
-            if s.dir.as_os_str().as_encoded_bytes().contains(&0) {
-                return Err("snapshot dir contains a NUL byte".into());
+            if s.base.as_ref() == Some(&s.dir) {
+                return Err("a layered snapshot cannot overwrite its base".into());
             }
         }
     }
@@ -218,7 +231,10 @@ mod tests {
         assert_eq!(
             evs,
             [VmEvent::Control(ControlCommand::Snapshot(
-                SnapshotCommand { dir: "/s".into() }
+                SnapshotCommand {
+                    dir: "/s".into(),
+                    base: None
+                }
             ))]
         );
     }
@@ -228,7 +244,15 @@ mod tests {
         assert_eq!(
             parse_command(br#"{"snapshot":{"dir":"/tmp/snap"}}"#),
             Ok(ControlCommand::Snapshot(SnapshotCommand {
-                dir: "/tmp/snap".into()
+                dir: "/tmp/snap".into(),
+                base: None
+            }))
+        );
+        assert_eq!(
+            parse_command(br#"{"snapshot":{"dir":"/tmp/d","base":"/tmp/b"}}"#),
+            Ok(ControlCommand::Snapshot(SnapshotCommand {
+                dir: "/tmp/d".into(),
+                base: Some("/tmp/b".into())
             }))
         );
         for bad in [
@@ -236,6 +260,10 @@ mod tests {
             br#"{"snapshot":{"dir":""}}"#,
             br#"{"snapshot":{"dir":"/a\u0000b"}}"#,
             br#"{"snapshot":{"dir":"/a","x":1}}"#,
+            br#"{"snapshot":{"dir":"/a","base":"rel"}}"#,
+            br#"{"snapshot":{"dir":"/a","base":"/a"}}"#,
+            br#"{"snapshot":{"dir":"/a","base":"/b\u0000"}}"#,
+            br#"{"snapshot":{"dir":"/a","base":7}}"#,
             br#"{"snapshot":{}}"#,
             br#"{"snapshot":"/a"}"#,
             br#"{"restore":{"dir":"/a"}}"#,

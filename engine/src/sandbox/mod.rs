@@ -173,6 +173,9 @@ pub struct SnapshotStats {
     pub memory_bytes: u64,
     /// Bytes allocated on disk.
     pub disk_bytes: u64,
+    /// For a layered snapshot ([`Sandbox::snapshot_diff_to`]): the pages in its memory diff
+    /// (`None`: a full snapshot).
+    pub diff_pages: Option<u64>,
 }
 
 /// Identity of what a VM boots (image, its system disk, its command line, extra
@@ -345,6 +348,7 @@ impl Sandbox {
             ),
             snapshot_control: cfg.snapshot_control,
             restore: cfg.restore.as_ref().map(|r| r.dir.clone()),
+            restore_base: cfg.restore.as_ref().and_then(|r| r.base.clone()),
             restore_grant: grant.clone(),
             memory_mb: cfg.memory_mb,
             vcpus: cfg.vcpus,
@@ -527,10 +531,33 @@ impl Sandbox {
         dir: &Path,
         timeout: Duration,
     ) -> Result<SnapshotStats, SandboxError> {
+        self.snapshot_cmd(serde_json::json!({"snapshot": {"dir": dir}}), timeout)
+    }
+
+    /// Writes a layered snapshot into `dir`: the VM's state and only the memory pages written
+    /// since it was restored from the full snapshot in `base` (VMM started with
+    /// `snapshot_control`, restored from exactly `base`; anything else is refused as
+    /// [`SandboxError::SnapshotFailed`]). Restore it with `RestoreFrom { base: Some(base) }`.
+    pub fn snapshot_diff_to(
+        &mut self,
+        dir: &Path,
+        base: &Path,
+        timeout: Duration,
+    ) -> Result<SnapshotStats, SandboxError> {
+        self.snapshot_cmd(
+            serde_json::json!({"snapshot": {"dir": dir, "base": base}}),
+            timeout,
+        )
+    }
+
+    fn snapshot_cmd(
+        &mut self,
+        cmd: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<SnapshotStats, SandboxError> {
         let from = self.vmm.status().len();
         let t0 = Instant::now();
-        self.vmm
-            .send_control(&serde_json::json!({"snapshot": {"dir": dir}}))?;
+        self.vmm.send_control(&cmd)?;
         let got = self.vmm.status().wait_for(from, timeout, |e| match e {
             VmmEvent::SnapshotSaved {
                 pause_us,
@@ -538,6 +565,7 @@ impl Sandbox {
                 state_bytes,
                 memory_bytes,
                 disk_bytes,
+                diff_pages,
             } => Some(Ok(SnapshotStats {
                 pause: Duration::from_micros(*pause_us),
                 vmm_total: Duration::from_millis(*total_ms),
@@ -545,6 +573,7 @@ impl Sandbox {
                 state_bytes: *state_bytes,
                 memory_bytes: *memory_bytes,
                 disk_bytes: *disk_bytes,
+                diff_pages: *diff_pages,
             })),
             VmmEvent::SnapshotFailed { detail } => Some(Err(detail.clone())),
             _ => None,

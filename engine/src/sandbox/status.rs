@@ -68,6 +68,9 @@ pub enum VmmEvent {
         /// Bytes allocated on disk by the snapshot files.
         #[serde(default)]
         disk_bytes: u64,
+        /// For a layered snapshot: the pages in its memory diff.
+        #[serde(default)]
+        diff_pages: Option<u64>,
     },
     /// A requested snapshot could not be written; the guest resumed.
     SnapshotFailed {

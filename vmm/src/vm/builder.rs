@@ -105,6 +105,7 @@ pub(super) fn boot(cfg: &VmConfig, kvm: Kvm, caps: VcpuCaps, t0: Instant) -> Res
         events_rx,
         key: snapshot_key(cfg),
         caps: Arc::new(caps),
+        origin: None,
     })
 }
 

@@ -128,6 +128,8 @@ pub struct Vm {
     events_rx: Receiver<VmEvent>,
     key: SnapshotKey,
     caps: Arc<VcpuCaps>,
+    /// What a restored VM's memory was mapped from (`None`: booted).
+    origin: Option<snapshot::Origin>,
 }
 
 /// Host facts for snapshots; required when the config saves or restores snapshots.
@@ -311,6 +313,7 @@ impl Vm {
             seccomp,
             start,
             key: self.key,
+            origin: self.origin,
         })
     }
 }
@@ -336,6 +339,7 @@ pub struct Running {
     seccomp: Arc<ThreadSeccomp>,
     start: Arc<Barrier>,
     key: SnapshotKey,
+    origin: Option<snapshot::Origin>,
 }
 
 /// Deadlines for [`Running::wait_outcome`].
@@ -486,7 +490,7 @@ impl Running {
                     }));
                 }
                 VmEvent::Control(ControlCommand::Snapshot(cmd)) => {
-                    let event = match self.snapshot(&cmd.dir) {
+                    let event = match self.snapshot(&cmd.dir, cmd.base.as_deref()) {
                         Ok(r) => serde_json::json!({
                             "event": "snapshot_saved",
                             "dir": cmd.dir,
@@ -496,6 +500,7 @@ impl Running {
                             "state_bytes": r.state_bytes,
                             "memory_bytes": r.memory_bytes,
                             "disk_bytes": r.disk_bytes,
+                            "diff_pages": r.diff_pages,
                         }),
                         Err(e) => {
                             log::warn!("snapshot into {} failed: {e}", cmd.dir.display());

@@ -8,6 +8,13 @@
 //! and KVM validates the CPU state before
 //! any vCPU runs. Any refusal is a [`VmError::Snapshot`] and the VMM exits without having
 //! run the guest.
+//!
+//! A layered snapshot (`cfg.restore_base`) is verified as completely: its state, its base
+//! (state and whole memory), its memory diff (header, runs, length, data), that the diff was
+//! taken over that base and that the state belongs to that diff
+//! ([`format::diff::load_layered`]); the base's memory file is then mapped as usual and the
+//! diff's page runs are mapped over it, copy-on-write and lazily read
+//! ([`crate::memory::overlay_file_runs`]), so clones share both files' page cache.
 
 use std::path::Path;
 use std::sync::mpsc::{channel, Sender};
@@ -19,6 +26,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::devices::{new_nat, open_disks, open_shares, Attach, Console, VirtioBackend};
 use super::kvm::{create_vcpus, create_vm, register_memory};
+use super::snapshot::Origin;
 use super::{bind_vsock_socket, memory_size, setup, RestoreTimes, Vm, VmError};
 use crate::config::VmConfig;
 use crate::devices::block::{Block, BlockDevice};
@@ -29,7 +37,8 @@ use crate::devices::serial::SerialDevice;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::vsock::{VsockBackend, VsockDevice};
 use crate::exit::VmEvent;
-use crate::memory::{map_guest_memory_file, GuestMem};
+use crate::memory::{map_guest_memory_file, overlay_file_runs, GuestMem};
+use crate::persist::format::diff::{load_layered, LoadedDiff};
 use crate::persist::format::{self, decode_state, MemoryCheck};
 use crate::persist::state::{snapshot_key, SnapshotState, VirtioDeviceState, VirtioSlotState};
 use crate::persist::vcpu::VcpuCaps;
@@ -38,8 +47,10 @@ use crate::persist::vcpu::VcpuCaps;
 struct Loaded {
     /// The decoded state.
     state: SnapshotState,
-    /// The verified memory file.
+    /// The verified memory file (of the base, for a layered snapshot).
     memory: format::LoadedSnapshot,
+    /// The verified memory diff of a layered snapshot.
+    diff: Option<LoadedDiff>,
 }
 
 fn refused(e: impl std::fmt::Display) -> VmError {
@@ -63,6 +74,7 @@ pub(super) fn restore(
     let vm_fd = create_vm(&kvm)?;
     let mem = map_memory(&snap, memory_size(cfg))?;
     register_memory(&vm_fd, &mem)?;
+    let origin = Origin::of(cfg, dir, &snap.memory, snap.diff.is_some());
 
     let saved = &snap.state.devices;
     let mut slots = saved.virtio.iter();
@@ -151,6 +163,7 @@ pub(super) fn restore(
         events_rx,
         key: snapshot_key(cfg),
         caps: Arc::new(caps),
+        origin: Some(origin),
     })
 }
 
@@ -269,12 +282,26 @@ fn restore_transport(
 /// Loads the snapshot in `dir` for a VM configured by `cfg` and checks it completely.
 fn load(cfg: &VmConfig, dir: &Path, caps: &VcpuCaps) -> Result<Loaded, VmError> {
     let key = snapshot_key(cfg);
-    let snap = format::load(dir, &key, MemoryCheck::Full).map_err(refused)?;
-    let state: SnapshotState = decode_state(&snap.state).map_err(refused)?;
+    let (state, memory, diff) = match &cfg.restore_base {
+        None => {
+            let snap = format::load(dir, &key, MemoryCheck::Full).map_err(refused)?;
+            (decode_state(&snap.state).map_err(refused)?, snap, None)
+        }
+        Some(base) => {
+            let l = load_layered(dir, base, &key).map_err(refused)?;
+            (
+                decode_state(&l.state).map_err(refused)?,
+                l.base,
+                Some(l.diff),
+            )
+        }
+    };
+    let state: SnapshotState = state;
     state.validate(cfg, caps).map_err(refused)?;
     Ok(Loaded {
         state,
-        memory: snap,
+        memory,
+        diff,
     })
 }
 
@@ -290,7 +317,21 @@ fn map_memory(s: &Loaded, size: u64) -> Result<GuestMem, VmError> {
             s.memory.memory_path.display()
         )));
     }
-    map_guest_memory_file(f, size).map_err(|e| VmError::Setup(format!("guest memory: {e}")))
+    let mem =
+        map_guest_memory_file(f, size).map_err(|e| VmError::Setup(format!("guest memory: {e}")))?;
+    if let Some(d) = &s.diff {
+        // As above: the runs must still be in the file (a shorter one would fault the guest).
+        let len = d.file.metadata().map_err(refused)?.len();
+        if len != d.diff.data_offset + d.diff.header.data_len {
+            return Err(refused(format!(
+                "memory diff {} changed size to {len}",
+                d.path.display()
+            )));
+        }
+        overlay_file_runs(&mem, &d.file, &d.diff.extents())
+            .map_err(|e| VmError::Setup(format!("guest memory diff: {e}")))?;
+    }
+    Ok(mem)
 }
 
 /// Restores the CPU side, in the order that works (see `persist::vcpu`): CPUID on every
