@@ -13,10 +13,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
 use voidbox_protocol::handshake::check_pong;
 use voidbox_protocol::{
-    ErrorCode, ExecRequest, ExecResponse, ExecStdin, GuestPolicy, Message, OutputStream, Ping,
-    Pong, ProtocolError, PtyClose, PtyData, PtyOpen, PtyResize, ReadFile, Rekey,
-    RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction, WriteFile, Zeroizing, CAP_REKEY,
-    FILE_CHUNK_SIZE,
+    ErrorCode, ExecAttach, ExecRequest, ExecResponse, ExecSignal, ExecStdin, GuestPolicy, HeldInfo,
+    HeldQuery, Message, OutputStream, Ping, Pong, ProtocolError, PtyClose, PtyData, PtyOpen,
+    PtyResize, ReadFile, Rekey, RequestIdAllocator, SessionSecret, Shutdown, ShutdownAction,
+    WriteFile, Zeroizing, CAP_HELD, CAP_REKEY, FILE_CHUNK_SIZE,
 };
 
 use super::error::SandboxError;
@@ -675,6 +675,303 @@ impl GuestConn {
             Message::Ack(_) => Ok(()),
             other => Err(unexpected("shutdown", "Ack", other)),
         }
+    }
+}
+
+/// How long the guest may take to answer a held exec's start or a `HeldQuery`.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What [`GuestConn::exec_attach`]'s output callback wants next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attach {
+    /// Keep reading.
+    Continue,
+    /// Write these bytes to the program's stdin (which stays open during an attach).
+    Write(Vec<u8>),
+    /// Done: kill the program's process group and return [`Attached::Finished`].
+    Finish,
+}
+
+/// How an attach ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attached {
+    /// The program ended on its own (or at its deadline: `timed_out`).
+    Exited(ExecResponse),
+    /// The callback said [`Attach::Finish`]: the program was killed, and the connection is
+    /// ready for other requests.
+    Finished {
+        /// From the attach to the kill's confirmation.
+        duration: Duration,
+    },
+}
+
+impl GuestConn {
+    /// Starts `req` as the held exec `name` ([`ExecRequest::hold`]): the guest checks and
+    /// starts it like any exec, with stdin open after `req.stdin` and no deadline, and it
+    /// outlives this connection; its output is buffered (bounded) until
+    /// [`GuestConn::exec_attach`]. Returns once it runs.
+    ///
+    /// Errors: a refusal is [`SandboxError::Guest`] (`AlreadyExists` for a taken name,
+    /// `ResourceLimit`, `InvalidRequest` for a bad name, `NotAllowed` for a program outside
+    /// the allowlist, `Io` for one that could not start; `Unsupported` from a guest agent
+    /// without held execs).
+    pub fn exec_hold(&mut self, name: &str, mut req: ExecRequest) -> Result<(), SandboxError> {
+        let what = || format!("holding `{name}`");
+        if let Some(info) = &self.info {
+            if !info.capabilities.iter().any(|c| c == CAP_HELD) {
+                return Err(SandboxError::Guest {
+                    what: what(),
+                    code: ErrorCode::Unsupported,
+                    message: format!(
+                        "this guest agent ({}) has no held execs: its image predates them \
+                         (rebuild it with `voidbox image build`)",
+                        info.agent_version
+                    ),
+                });
+            }
+        }
+        let id = self.ids.next_id();
+        req.id = id;
+        req.hold = Some(name.to_string());
+        self.set_timeout(Some(HOLD_TIMEOUT))?;
+        let reply = self
+            .send("exec_hold", &Message::ExecRequest(req))
+            .and_then(|()| self.recv_for("exec_hold", id));
+        self.set_timeout(None)?;
+        match in_time(reply, HOLD_TIMEOUT)? {
+            Message::Ack(_) => Ok(()),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: what(),
+                code: e.code,
+                message: e.message,
+            }),
+            // Refused by the allowlist (126) or not started (127), as an exec would be.
+            Message::ExecResponse(r) => Err(SandboxError::Guest {
+                what: what(),
+                code: if r.exit_code == Some(voidbox_protocol::EXIT_NOT_ALLOWED) {
+                    ErrorCode::NotAllowed
+                } else {
+                    ErrorCode::Io
+                },
+                message: r.error.unwrap_or_else(|| {
+                    format!(
+                        "it ended at once (exit {:?}, signal {:?})",
+                        r.exit_code, r.signal
+                    )
+                }),
+            }),
+            other => Err(unexpected("exec_hold", "Ack", other)),
+        }
+    }
+
+    /// The state of the held exec `name` (CPU time of its process group, running threads,
+    /// whether it exited, output buffered): hosts poll it to see it settle.
+    pub fn held_info(&mut self, name: &str) -> Result<HeldInfo, SandboxError> {
+        let id = self.ids.next_id();
+        self.set_timeout(Some(HOLD_TIMEOUT))?;
+        let reply = self
+            .send(
+                "held_info",
+                &Message::HeldQuery(HeldQuery {
+                    id,
+                    name: name.to_string(),
+                }),
+            )
+            .and_then(|()| self.recv_for("held_info", id));
+        self.set_timeout(None)?;
+        match in_time(reply, HOLD_TIMEOUT)? {
+            Message::HeldInfo(i) => Ok(i),
+            Message::Error(e) => Err(SandboxError::Guest {
+                what: format!("held_info `{name}`"),
+                code: e.code,
+                message: e.message,
+            }),
+            other => Err(unexpected("held_info", "HeldInfo", other)),
+        }
+    }
+
+    /// Attaches the held exec `name` ([`voidbox_protocol::ExecAttach`]) and runs it as an
+    /// exec of this connection: its buffered output, then what follows, goes to
+    /// `on_output`, whose answer says what next ([`Attach`]); `stdin` is written first and
+    /// stdin stays open. `timeout_secs` is the deadline from now, enforced by the guest (the
+    /// host waits that long plus a grace period per read). With `sampling`, guest telemetry
+    /// is asked for meanwhile, as in [`GuestConn::exec_sampled`].
+    ///
+    /// On [`Attach::Finish`] the process group is killed (`ExecSignal` 9) and the replies
+    /// are drained up to the `ExecResponse`, so the connection serves later requests.
+    ///
+    /// Errors: an unknown name is [`SandboxError::Guest`] with `NotFound`, one attached
+    /// already `Busy`; a guest that breaks the protocol is [`SandboxError::Protocol`].
+    pub fn exec_attach(
+        &mut self,
+        name: &str,
+        stdin: Vec<u8>,
+        timeout_secs: Option<u64>,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]) -> Attach,
+        sampling: Option<Sampling<'_>>,
+    ) -> Result<Attached, SandboxError> {
+        let id = self.ids.next_id();
+        let t0 = Instant::now();
+        let (inline, rest) = if stdin.len() > INLINE_STDIN_MAX {
+            (Vec::new(), stdin)
+        } else {
+            (stdin, Vec::new())
+        };
+        let host_timeout = timeout_secs.map(|s| Duration::from_secs(s.saturating_add(10)));
+        self.set_timeout(host_timeout)?;
+        let sent = self.send(
+            "exec_attach",
+            &Message::ExecAttach(ExecAttach {
+                id,
+                name: name.to_string(),
+                stdin: inline,
+                stdin_stream: true,
+                timeout_secs,
+            }),
+        );
+        if let Err(e) = sent.and_then(|()| self.settle()) {
+            self.set_timeout(None)?;
+            return Err(e);
+        }
+        let mut w = self
+            .stream
+            .try_clone()
+            .map_err(SandboxError::io("cloning the guest connection for stdin"))?;
+        let (tx, rx) = std::sync::mpsc::channel::<Message>();
+        for chunk in rest.chunks(STDIN_CHUNK) {
+            let _ = tx.send(stdin_frame(id, chunk));
+        }
+        let ids = &self.ids;
+        let stream = &mut self.stream;
+        let (every, on_sample) = match sampling {
+            Some(s) => (Some(s.every), Some(s.on_sample)),
+            None => (None, None),
+        };
+        let result = std::thread::scope(|scope| {
+            // Every frame this attach sends after the request goes through one writer
+            // thread, so reading the output never waits on a write.
+            let writer = scope.spawn(move || loop {
+                let next = match every {
+                    Some(every) => rx.recv_timeout(every),
+                    None => rx
+                        .recv()
+                        .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+                };
+                let m = match next {
+                    Ok(m) => m,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        Message::TelemetryRequest(voidbox_protocol::TelemetryRequest {
+                            id: ids.next_id(),
+                        })
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                };
+                if write_message(&mut w, &m).is_err() {
+                    return;
+                }
+            });
+            let result = attach_replies(stream, id, host_timeout, &tx, on_output, on_sample, t0);
+            drop(tx);
+            // A writer stuck on a guest that stopped reading is released by closing (a
+            // guest that answered with a refusal still reads: its connection stays).
+            let broken = matches!(&result, Err(e) if !matches!(e, SandboxError::Guest { .. }));
+            if broken && !writer.is_finished() {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+            let _ = writer.join();
+            result
+        });
+        self.set_timeout(None)?;
+        result
+    }
+}
+
+/// An `ExecStdin` frame (stdin stays open) for exec `id`.
+fn stdin_frame(id: voidbox_protocol::RequestId, data: &[u8]) -> Message {
+    Message::ExecStdin(ExecStdin {
+        id,
+        eof: false,
+        data: data.to_vec(),
+    })
+}
+
+/// Reads an attach's replies until its `ExecResponse` (see [`GuestConn::exec_attach`]);
+/// frames to send go to `tx`. Messages for other requests are skipped (telemetry goes to
+/// `on_sample`), a bounded number of times in a row, as are "no such request" errors for
+/// stdin or the kill that crossed the program's end.
+fn attach_replies(
+    stream: &mut UnixStream,
+    id: voidbox_protocol::RequestId,
+    host_timeout: Option<Duration>,
+    tx: &std::sync::mpsc::Sender<Message>,
+    on_output: &mut dyn FnMut(OutputStream, &[u8]) -> Attach,
+    mut on_sample: Option<&mut dyn FnMut(voidbox_protocol::Telemetry)>,
+    t0: Instant,
+) -> Result<Attached, SandboxError> {
+    let mut strays = 0usize;
+    let mut finishing = false;
+    let mut wrote = false;
+    loop {
+        let m = read_reply(stream, "exec_attach", host_timeout.unwrap_or_default())?;
+        if m.id() != id {
+            match (m, on_sample.as_mut()) {
+                (Message::Telemetry(t), Some(f)) => f(t),
+                _ => {
+                    strays += 1;
+                    if strays > MAX_STRAY_MESSAGES {
+                        return Err(too_many_strays("exec_attach"));
+                    }
+                }
+            }
+            continue;
+        }
+        match m {
+            Message::ExecOutputChunk(_) if finishing => strays = 0,
+            Message::ExecOutputChunk(c) => {
+                strays = 0;
+                match on_output(c.stream, &c.data) {
+                    Attach::Continue => {}
+                    Attach::Write(bytes) => {
+                        wrote = true;
+                        for chunk in bytes.chunks(STDIN_CHUNK) {
+                            let _ = tx.send(stdin_frame(id, chunk));
+                        }
+                    }
+                    Attach::Finish => {
+                        finishing = true;
+                        let _ = tx.send(Message::ExecSignal(ExecSignal { id, signal: 9 }));
+                    }
+                }
+            }
+            Message::ExecResponse(_) if finishing => {
+                return Ok(Attached::Finished {
+                    duration: t0.elapsed(),
+                })
+            }
+            Message::ExecResponse(r) => return Ok(Attached::Exited(r)),
+            Message::Error(e) if (finishing || wrote) && e.code == ErrorCode::NoSuchRequest => {
+                strays += 1;
+                if strays > MAX_STRAY_MESSAGES {
+                    return Err(too_many_strays("exec_attach"));
+                }
+            }
+            Message::Error(e) => {
+                return Err(SandboxError::Guest {
+                    what: "exec_attach".into(),
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            other => return Err(unexpected("exec_attach", "ExecResponse", other)),
+        }
+    }
+}
+
+/// A read timeout from [`GuestConn::recv_for`] (reported without a limit) as one of `limit`.
+fn in_time(r: Result<Message, SandboxError>, limit: Duration) -> Result<Message, SandboxError> {
+    match r {
+        Err(SandboxError::Timeout(w, _)) => Err(SandboxError::Timeout(w, limit)),
+        r => r,
     }
 }
 

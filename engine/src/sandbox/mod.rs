@@ -617,6 +617,35 @@ impl Sandbox {
         self.check("exec", r)
     }
 
+    /// Starts `req` as the held exec `name`: it outlives this connection (and a snapshot
+    /// of this VM carries it) until [`Sandbox::exec_attach`] (see [`GuestConn::exec_hold`]).
+    pub fn exec_hold(&mut self, name: &str, req: ExecRequest) -> Result<(), SandboxError> {
+        let r = self.conn.exec_hold(name, req);
+        self.check("exec_hold", r)
+    }
+
+    /// The state of the held exec `name` (see [`GuestConn::held_info`]).
+    pub fn held_info(&mut self, name: &str) -> Result<voidbox_protocol::HeldInfo, SandboxError> {
+        let r = self.conn.held_info(name);
+        self.check("held_info", r)
+    }
+
+    /// Attaches the held exec `name` and runs it to its end, or until `on_output` says
+    /// [`guest::Attach::Finish`] (see [`GuestConn::exec_attach`]).
+    pub fn exec_attach(
+        &mut self,
+        name: &str,
+        stdin: Vec<u8>,
+        timeout_secs: Option<u64>,
+        on_output: &mut dyn FnMut(OutputStream, &[u8]) -> guest::Attach,
+        sampling: Option<guest::Sampling<'_>>,
+    ) -> Result<guest::Attached, SandboxError> {
+        let r = self
+            .conn
+            .exec_attach(name, stdin, timeout_secs, on_output, sampling);
+        self.check("exec_attach", r)
+    }
+
     /// Runs an interactive session on a guest pseudo-terminal (see [`GuestConn::pty`]).
     pub fn pty(
         &mut self,

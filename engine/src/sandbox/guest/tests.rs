@@ -8,6 +8,15 @@ fn fake_guest(
     secret: SessionSecret,
     serve: impl FnOnce(&mut UnixStream) + Send + 'static,
 ) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+    fake_guest_with(secret, GuestInfo::default(), serve)
+}
+
+/// [`fake_guest`] reporting `info` in its handshake.
+fn fake_guest_with(
+    secret: SessionSecret,
+    info: GuestInfo,
+    serve: impl FnOnce(&mut UnixStream) + Send + 'static,
+) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.sock");
     let l = UnixListener::bind(&path).unwrap();
@@ -17,7 +26,7 @@ fn fake_guest(
         s.read_exact(&mut line).unwrap();
         assert_eq!(&line, b"CONNECT 1234\n");
         s.write_all(b"OK 1073741824\n").unwrap();
-        if server_handshake(&mut s, &secret, GuestInfo::default()).is_ok() {
+        if server_handshake(&mut s, &secret, info).is_ok() {
             serve(&mut s);
         }
     });
@@ -573,5 +582,215 @@ fn resume_reports_the_guests_refusal_and_times_out() {
         g.telemetry(),
         Err(SandboxError::Timeout(_, d)) if d == Duration::from_millis(300)
     ));
+    t.join().unwrap();
+}
+
+fn held_guest_info() -> GuestInfo {
+    GuestInfo {
+        capabilities: vec![CAP_HELD.to_string()],
+        ..GuestInfo::default()
+    }
+}
+
+fn out_chunk(id: voidbox_protocol::RequestId, seq: u64, data: &[u8]) -> Message {
+    Message::ExecOutputChunk(ExecOutputChunk {
+        id,
+        stream: OutputStream::Stdout,
+        seq,
+        data: data.to_vec(),
+    })
+}
+
+#[test]
+fn attach_writes_what_the_callback_asks_and_finish_kills_and_drains() {
+    let secret = SessionSecret::random().unwrap();
+    let (dir, t) = fake_guest_with(secret.clone(), held_guest_info(), |s| {
+        let Message::ExecAttach(a) = read_message(s).unwrap() else {
+            panic!("expected an attach")
+        };
+        assert_eq!((a.name.as_str(), a.stdin_stream), ("warm", true));
+        assert_eq!(a.stdin, b"prompt\n");
+        assert_eq!(a.timeout_secs, Some(30));
+        write_message(s, &out_chunk(a.id, 0, b"ready\n")).unwrap();
+        match read_message(s).unwrap() {
+            Message::ExecStdin(i) => {
+                assert_eq!(
+                    (i.id, i.eof, i.data.as_slice()),
+                    (a.id, false, &b"reply\n"[..])
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        write_message(s, &out_chunk(a.id, 1, b"done\n")).unwrap();
+        match read_message(s).unwrap() {
+            Message::ExecSignal(sig) => assert_eq!((sig.id, sig.signal), (a.id, 9)),
+            other => panic!("{other:?}"),
+        }
+        // Output racing the kill, a refused late signal, then the end: all drained.
+        write_message(s, &out_chunk(a.id, 2, b"late\n")).unwrap();
+        write_message(
+            s,
+            &Message::error(a.id, ErrorCode::NoSuchRequest, "no running exec"),
+        )
+        .unwrap();
+        let resp = ExecResponse {
+            id: a.id,
+            signal: Some(9),
+            ..ExecResponse::default()
+        };
+        write_message(s, &Message::ExecResponse(resp)).unwrap();
+        // The connection serves the next request.
+        let Message::TelemetryRequest(r) = read_message(s).unwrap() else {
+            panic!("expected telemetry")
+        };
+        let tel = voidbox_protocol::Telemetry {
+            id: r.id,
+            processes: 7,
+            ..Default::default()
+        };
+        write_message(s, &Message::Telemetry(tel)).unwrap();
+    });
+    let mut g = connect(&dir, &secret);
+    let mut seen = Vec::new();
+    let r = g
+        .exec_attach(
+            "warm",
+            b"prompt\n".to_vec(),
+            Some(30),
+            &mut |_, d| {
+                seen.push(d.to_vec());
+                match d {
+                    b"ready\n" => Attach::Write(b"reply\n".to_vec()),
+                    b"done\n" => Attach::Finish,
+                    _ => Attach::Continue,
+                }
+            },
+            None,
+        )
+        .unwrap();
+    assert!(matches!(r, Attached::Finished { .. }), "{r:?}");
+    assert_eq!(seen, vec![b"ready\n".to_vec(), b"done\n".to_vec()]);
+    assert_eq!(g.telemetry().unwrap().processes, 7);
+    t.join().unwrap();
+}
+
+#[test]
+fn hold_query_and_attach_replies_and_refusals() {
+    let secret = SessionSecret::random().unwrap();
+    let (dir, t) = fake_guest_with(secret.clone(), held_guest_info(), |s| {
+        let next = |s: &mut UnixStream| match read_message(s).unwrap() {
+            Message::ExecRequest(r) => {
+                assert_eq!(r.hold.as_deref(), Some("warm"));
+                r.id
+            }
+            Message::HeldQuery(q) => q.id,
+            Message::ExecAttach(a) => a.id,
+            other => panic!("{other:?}"),
+        };
+        let replies: Vec<Box<dyn Fn(voidbox_protocol::RequestId) -> Vec<Message>>> = vec![
+            // The allowlist refuses the program: an exec's refusal.
+            Box::new(|id| {
+                vec![Message::ExecResponse(ExecResponse {
+                    id,
+                    exit_code: Some(voidbox_protocol::EXIT_NOT_ALLOWED),
+                    error: Some("`nope` is not allowed".into()),
+                    ..ExecResponse::default()
+                })]
+            }),
+            Box::new(|id| vec![Message::Ack(Ack { id })]),
+            Box::new(|id| {
+                vec![Message::HeldInfo(voidbox_protocol::HeldInfo {
+                    id,
+                    pid: 42,
+                    cpu_ms: 1500,
+                    ..Default::default()
+                })]
+            }),
+            Box::new(|id| vec![Message::error(id, ErrorCode::Busy, "attached already")]),
+            Box::new(|id| {
+                vec![
+                    out_chunk(id, 0, b"bye\n"),
+                    Message::ExecResponse(ExecResponse {
+                        id,
+                        exit_code: Some(0),
+                        ..ExecResponse::default()
+                    }),
+                ]
+            }),
+            // A guest that answers an attach with something else breaks the protocol.
+            Box::new(|id| vec![Message::Ack(Ack { id })]),
+        ];
+        for reply in replies {
+            let id = next(s);
+            for m in reply(id) {
+                write_message(s, &m).unwrap();
+            }
+        }
+    });
+    let mut g = connect(&dir, &secret);
+    let req = |program: &str| ExecRequest {
+        program: program.into(),
+        ..ExecRequest::default()
+    };
+    match g.exec_hold("warm", req("nope")) {
+        Err(SandboxError::Guest { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::NotAllowed);
+            assert!(message.contains("nope"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    g.exec_hold("warm", req("claude")).unwrap();
+    let i = g.held_info("warm").unwrap();
+    assert_eq!((i.pid, i.cpu_ms), (42, 1500));
+    let mut cont = |_: OutputStream, _: &[u8]| Attach::Continue;
+    assert!(matches!(
+        g.exec_attach("warm", Vec::new(), None, &mut cont, None),
+        Err(SandboxError::Guest {
+            code: ErrorCode::Busy,
+            ..
+        })
+    ));
+    let mut out = Vec::new();
+    let r = g
+        .exec_attach(
+            "warm",
+            Vec::new(),
+            None,
+            &mut |_, d| {
+                out.extend_from_slice(d);
+                Attach::Continue
+            },
+            None,
+        )
+        .unwrap();
+    assert!(
+        matches!(&r, Attached::Exited(resp) if resp.exit_code == Some(0)),
+        "{r:?}"
+    );
+    assert_eq!(out, b"bye\n");
+    assert!(matches!(
+        g.exec_attach("warm", Vec::new(), None, &mut cont, None),
+        Err(SandboxError::Protocol { .. })
+    ));
+    t.join().unwrap();
+}
+
+#[test]
+fn hold_on_a_guest_without_held_execs_is_unsupported() {
+    let secret = SessionSecret::random().unwrap();
+    // The guest reads nothing after the handshake: the host must not send the request.
+    let (dir, t) = fake_guest(secret.clone(), |s| {
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(read_message(s).is_err());
+    });
+    let mut g = connect(&dir, &secret);
+    match g.exec_hold("warm", ExecRequest::default()) {
+        Err(SandboxError::Guest { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::Unsupported);
+            assert!(message.contains("voidbox image build"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
     t.join().unwrap();
 }
