@@ -159,6 +159,10 @@ fn restores_are_fresh_private_vms_and_bad_snapshots_are_refused() {
     drop(a);
     drop(b);
 
+    let t = std::time::Instant::now();
+    layered_round_trip(&cfg, &lease.restore, cache.path());
+    println!("layered snapshot checks: {:?}", t.elapsed());
+
     // A corrupt memory page is refused before any vCPU runs.
     let bad = cache.path().join("corrupt");
     copy_dir(&dir, &bad);
@@ -219,4 +223,146 @@ fn restores_are_fresh_private_vms_and_bad_snapshots_are_refused() {
         "{said}"
     );
     assert!(!dir.exists(), "the broken golden snapshot was removed");
+}
+
+/// Guest memory of a layered snapshot in `dir` over the full snapshot `base`, rebuilt here
+/// from the files (the diff format read independently of the VMM: header, runs, page data).
+fn rebuild_memory(base: &Path, dir: &Path) -> Vec<u8> {
+    let mut mem = std::fs::read(base.join("memory.bin")).unwrap();
+    let diff = std::fs::read(dir.join("memory.diff")).unwrap();
+    assert_eq!(&diff[..8], b"VBXDIFF\0");
+    let hlen = u32::from_le_bytes(diff[12..16].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&diff[16..16 + hlen]).unwrap();
+    let mut at = (16 + hlen + 32).div_ceil(4096) * 4096;
+    for run in header["runs"].as_array().unwrap() {
+        let page = run["page"].as_u64().unwrap() as usize * 4096;
+        let len = run["pages"].as_u64().unwrap() as usize * 4096;
+        mem[page..page + len].copy_from_slice(&diff[at..at + len]);
+        at += len;
+    }
+    assert_eq!(at, diff.len());
+    mem
+}
+
+fn differing_pages(a: &[u8], b: &[u8]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.chunks(4096)
+        .zip(b.chunks(4096))
+        .filter(|(x, y)| x != y)
+        .count()
+}
+
+/// A layered snapshot of a VM restored from `base`: it holds only the pages written since
+/// the restore, its restore sees what the guest wrote, and base + diff is the VM's memory.
+/// Also: one over anything but the VM's own base, or a corrupt one, is refused.
+fn layered_round_trip(cfg: &SandboxConfig, base: &RestoreFrom, root: &Path) {
+    let mut c = cfg.clone();
+    c.restore = Some(base.clone());
+    c.snapshot_control = true;
+    let t0 = std::time::Instant::now();
+    let lap = |what: &str| println!("  {what}: {:?}", t0.elapsed());
+    let mut w = Sandbox::start(&c).unwrap_or_else(|e| panic!("restore for the diff: {e}"));
+    // ~2 MB in the guest's tmpfs (the root's upper layer), every page different: ~490 fresh
+    // pages (made in user space: the guest's kernel code is slow here).
+    let sum = sh(
+        &mut w,
+        "seq 1 300000 > /tmp/big && sha256sum /tmp/big > /tmp/big.sum && \
+         echo layered-42 > /tmp/marker && cat /tmp/big.sum",
+    );
+    lap("restored and written");
+    let (diff_dir, full_dir) = (root.join("layered"), root.join("full-of-same"));
+    let d = w
+        .snapshot_diff_to(&diff_dir, &base.dir, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("diff snapshot: {e}"));
+    let f = w
+        .snapshot_to(&full_dir, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("full snapshot: {e}"));
+    let pages = d.diff_pages.expect("a layered snapshot reports its pages");
+    assert_eq!(f.diff_pages, None);
+    println!(
+        "layered snapshot: {pages} pages, {} KiB on disk, in {:?} (pause {:?}); full snapshot \
+         of the same VM: {} KiB on disk, in {:?}",
+        d.disk_bytes >> 10,
+        d.vmm_total,
+        d.pause,
+        f.disk_bytes >> 10,
+        f.vmm_total
+    );
+    assert!(pages >= 1_990_000 / 4096, "{pages} pages");
+    assert!(pages * 4096 < d.memory_bytes / 4, "{pages} pages");
+    assert!(d.disk_bytes * 2 < f.disk_bytes, "{d:?} vs {f:?}");
+    // Not over another snapshot than the one the VM was restored from.
+    let err = w
+        .snapshot_diff_to(&root.join("x"), &full_dir, Duration::from_secs(60))
+        .unwrap_err();
+    assert!(err.to_string().contains("not from the base"), "{err}");
+    let secret = w.secret().clone();
+    drop(w);
+    lap("snapshots");
+
+    // base + diff is the VM's memory at the diff: the full snapshot taken right after
+    // differs in the few pages the guest touched in between, not in the ~490 it wrote.
+    let rebuilt = rebuild_memory(&base.dir, &diff_dir);
+    let full = std::fs::read(full_dir.join("memory.bin")).unwrap();
+    let base_mem = std::fs::read(base.dir.join("memory.bin")).unwrap();
+    let (after, before) = (
+        differing_pages(&rebuilt, &full),
+        differing_pages(&base_mem, &full),
+    );
+    println!("pages differing from the full snapshot: base+diff {after}, base alone {before}");
+    assert!(before >= 480 && after * 10 < before, "{after} vs {before}");
+    drop((rebuilt, full, base_mem));
+    lap("memory compared");
+
+    // Restores of the layered snapshot see what the guest wrote; timed against the full one.
+    let layered = RestoreFrom {
+        dir: diff_dir.clone(),
+        secret: secret.clone(),
+        base: Some(base.dir.clone()),
+    };
+    let mut r = cfg.clone();
+    r.restore = Some(layered.clone());
+    let t = std::time::Instant::now();
+    let mut l = Sandbox::start(&r).unwrap_or_else(|e| panic!("restore of the diff: {e}"));
+    let t_layered = (t.elapsed(), l.timings().restore);
+    assert_eq!(
+        sh(&mut l, "cat /tmp/marker; cat /tmp/big.sum; sha256sum -c /tmp/big.sum >/dev/null && echo intact"),
+        format!("layered-42\n{sum}intact\n")
+    );
+    drop(l);
+    lap("layered restore checked");
+    let mut r2 = cfg.clone();
+    r2.restore = Some(RestoreFrom {
+        dir: full_dir.clone(),
+        secret,
+        base: None,
+    });
+    let t = std::time::Instant::now();
+    let mut g = Sandbox::start(&r2).unwrap_or_else(|e| panic!("restore of the full: {e}"));
+    let t_full = (t.elapsed(), g.timings().restore);
+    assert_eq!(sh(&mut g, "cat /tmp/marker"), "layered-42\n");
+    drop(g);
+    println!("restore (start, VMM restore): layered {t_layered:?}, full {t_full:?}");
+    lap("full restore checked");
+
+    // Refused: a layered snapshot without its base, over another base, or corrupt.
+    let mut no_base = r.clone();
+    no_base.restore.as_mut().unwrap().base = None;
+    let why = start_err(&no_base);
+    assert!(why.contains("layered"), "{why}");
+    let mut other_base = r.clone();
+    other_base.restore.as_mut().unwrap().base = Some(full_dir.clone());
+    let why = start_err(&other_base);
+    assert!(why.contains("base snapshot"), "{why}");
+    let bad = root.join("layered-corrupt");
+    copy_dir(&diff_dir, &bad);
+    let mut data = std::fs::read(bad.join("memory.diff")).unwrap();
+    let n = data.len();
+    data[n - 100] ^= 0x01;
+    std::fs::write(bad.join("memory.diff"), &data).unwrap();
+    let mut corrupt = r.clone();
+    corrupt.restore.as_mut().unwrap().dir = bad;
+    let why = start_err(&corrupt);
+    assert!(why.contains("checksum"), "{why}");
+    lap("refusals");
 }

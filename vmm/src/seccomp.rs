@@ -24,6 +24,8 @@
 //! of [`crate::persist::format::save`] ([`SNAPSHOT_SYSCALLS`]). The engine sets
 //! `snapshot_control` only for golden-snapshot creator VMs, which never run user workloads.
 //! Restoring needs nothing extra: the memory file is mapped before the filter is installed.
+//! A layered snapshot also reads `/proc/self/pagemap`, opened during the restore (before the
+//! filter), with `lseek` and `read`, which the snapshot filter already allows.
 //!
 //! **A VM with a network device** runs its NAT on the `net` thread, which needs sockets: only
 //! that thread's filter grows, by what the NAT needs: `socket(2)` for exactly the families,
