@@ -1,5 +1,6 @@
 //! One report shape for both agent runtimes: Claude Code's `--output-format stream-json`
-//! ([`claude`]) and Codex's `exec --json` ([`codex`]) parsed into an [`AgentOutcome`].
+//! ([`claude`]), Codex's `exec --json` ([`codex`]) and a warm Codex's `app-server` stream
+//! ([`codex_app`]) parsed into an [`AgentOutcome`].
 //!
 //! The stream is hostile input: lines are bounded (a longer one is skipped and counted),
 //! anything that is not a JSON object of a known type is ignored, names and lists are capped,
@@ -7,6 +8,7 @@
 
 mod claude;
 mod codex;
+mod codex_app;
 #[cfg(test)]
 mod tests;
 
@@ -31,6 +33,9 @@ pub enum Format {
     ClaudeStreamJson,
     /// Codex: `codex exec --json ...`.
     CodexExecJson,
+    /// Codex held warm: `codex app-server`'s JSON-RPC messages
+    /// ([`crate::node::warm_launch`]).
+    CodexAppServer,
 }
 
 /// What an agent runtime reported, in one shape for both runtimes.
@@ -185,6 +190,7 @@ pub struct OutputParser {
     max_line: usize,
     out: AgentOutcome,
     codex: codex::State,
+    codex_app: codex_app::State,
 }
 
 impl OutputParser {
@@ -202,6 +208,7 @@ impl OutputParser {
                 ..AgentOutcome::default()
             },
             codex: codex::State::default(),
+            codex_app: codex_app::State::default(),
         }
     }
 
@@ -249,8 +256,10 @@ impl OutputParser {
             let line = std::mem::take(&mut self.line);
             self.line_done(&line);
         }
-        if self.format == Format::CodexExecJson {
-            codex::finish(&mut self.codex, &mut self.out);
+        match self.format {
+            Format::CodexExecJson => codex::finish(&mut self.codex, &mut self.out),
+            Format::CodexAppServer => codex_app::finish(&mut self.codex_app, &mut self.out),
+            Format::ClaudeStreamJson => {}
         }
         self.out
     }
@@ -266,6 +275,7 @@ impl OutputParser {
         match self.format {
             Format::ClaudeStreamJson => claude::event(&v, &mut self.out),
             Format::CodexExecJson => codex::event(&v, &mut self.codex, &mut self.out),
+            Format::CodexAppServer => codex_app::event(&v, &mut self.codex_app, &mut self.out),
         }
     }
 }

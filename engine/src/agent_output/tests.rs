@@ -14,6 +14,13 @@ const CODEX_TOOL: &str = include_str!("testdata/codex/tool.jsonl");
 const CODEX_500: &str = include_str!("testdata/codex/error-500.jsonl");
 const CODEX_401: &str = include_str!("testdata/codex/error-401.jsonl");
 const CODEX_RETRY: &str = include_str!("testdata/codex/retry-then-ok.jsonl");
+const CLAUDE_HELD_TEXT: &str = include_str!("testdata/claude-held/text.jsonl");
+const CLAUDE_HELD_TOOL: &str = include_str!("testdata/claude-held/tool.jsonl");
+const APP_TEXT: &str = include_str!("testdata/codex-app/text.jsonl");
+const APP_TOOL: &str = include_str!("testdata/codex-app/tool.jsonl");
+const APP_500: &str = include_str!("testdata/codex-app/error-500.jsonl");
+const APP_401: &str = include_str!("testdata/codex-app/error-401.jsonl");
+const APP_RETRY: &str = include_str!("testdata/codex-app/retry-then-ok.jsonl");
 /// The mock runtime's stream (claude-code style), parsed by the parser this one replaces.
 const MOCK: &str = include_str!("../apply/testdata/mock-stream.jsonl");
 
@@ -39,6 +46,13 @@ fn every_recording_parses_the_same_in_any_chunking() {
         (Format::CodexExecJson, CODEX_500),
         (Format::CodexExecJson, CODEX_401),
         (Format::CodexExecJson, CODEX_RETRY),
+        (Format::ClaudeStreamJson, CLAUDE_HELD_TEXT),
+        (Format::ClaudeStreamJson, CLAUDE_HELD_TOOL),
+        (Format::CodexAppServer, APP_TEXT),
+        (Format::CodexAppServer, APP_TOOL),
+        (Format::CodexAppServer, APP_500),
+        (Format::CodexAppServer, APP_401),
+        (Format::CodexAppServer, APP_RETRY),
     ];
     for (format, data) in all {
         let whole = parse(format, data);
@@ -196,6 +210,139 @@ fn codex_tool_items_are_counted_once() {
     assert_eq!(o.turns, 1);
 }
 
+/// The stats a report shows, without what only one of Codex's formats tells (the model, MCP
+/// servers), the clock readings and the runtime's ids of tool calls.
+fn stats(o: &AgentOutcome) -> AgentOutcome {
+    let mut o = untimed(o.clone());
+    for t in &mut o.tool_timings {
+        t.id = None;
+    }
+    AgentOutcome {
+        model: None,
+        mcp_servers: Vec::new(),
+        events: 0,
+        ..o
+    }
+}
+
+#[test]
+fn a_warm_codex_reports_what_codex_exec_reports() {
+    // Recorded against the same scripts (testdata/README.md).
+    for (app, exec) in [(APP_TEXT, CODEX_TEXT), (APP_TOOL, CODEX_TOOL)] {
+        let a = parse(Format::CodexAppServer, app);
+        assert_eq!(stats(&a), stats(&parse(Format::CodexExecJson, exec)));
+        assert!(a.finished && a.failure().is_none());
+        assert_eq!(
+            a.model.as_deref(),
+            Some("gpt-5.1-codex"),
+            "from thread/start"
+        );
+    }
+    let o = parse(Format::CodexAppServer, APP_TOOL);
+    assert_eq!(o.tool_calls, ["shell", "mcp__echo__echo"]);
+    assert_timed(&o);
+    assert_eq!(
+        (o.input_tokens, o.cached_tokens, o.output_tokens, o.turns),
+        (450, 90, 27, 1)
+    );
+    assert_eq!(o.warnings, [CODEX_MODEL_WARNING]);
+    // Its MCP servers' last status.
+    assert_eq!(o.mcp_servers, ["echo:ready"]);
+    // The failures fail alike (app-server retried, as `config.toml` allowed).
+    for (app, exec) in [(APP_500, CODEX_500), (APP_401, CODEX_401)] {
+        let a = parse(Format::CodexAppServer, app);
+        let e = parse(Format::CodexExecJson, exec);
+        assert!(a.finished && a.is_error && a.result.is_none(), "{a:?}");
+        assert_eq!(
+            a.error,
+            e.error.map(|m| m.replace(&port_of(exec), &port_of(app)))
+        );
+        assert_eq!((a.input_tokens, a.output_tokens, a.turns), (0, 0, 1));
+    }
+    let o = parse(Format::CodexAppServer, APP_500);
+    assert_eq!(
+        o.warnings[..3],
+        [
+            CODEX_MODEL_WARNING,
+            "Reconnecting... 1/2 (We\u{2019}re currently experiencing high demand, which may cause temporary errors.)",
+            "Reconnecting... 2/2 (We\u{2019}re currently experiencing high demand, which may cause temporary errors.)",
+        ]
+    );
+    let o = parse(Format::CodexAppServer, APP_RETRY);
+    assert!(o.failure().is_none(), "{o:?}");
+    assert_eq!(o.result.as_deref(), Some("Recovered."));
+}
+
+/// The scripted server's port a recording names (`127.0.0.1:PORT`), or "".
+fn port_of(recording: &str) -> String {
+    recording
+        .split("127.0.0.1:")
+        .nth(1)
+        .map(|r| r.chars().take_while(char::is_ascii_digit).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_warm_codex_fails_on_refused_requests_and_unfinished_turns() {
+    // A refused request ends it, named.
+    let o = parse(
+        Format::CodexAppServer,
+        r#"{"id":1,"error":{"code":-32600,"message":"invalid cwd"}}"#,
+    );
+    assert!(o.finished && o.is_error);
+    assert_eq!(
+        o.error.as_deref(),
+        Some("codex app-server refused thread/start: invalid cwd")
+    );
+    // An interrupted turn without an error of its own.
+    let o = parse(
+        Format::CodexAppServer,
+        r#"{"method":"turn/completed","params":{"turn":{"id":"t","items":[],"status":"interrupted"}}}"#,
+    );
+    assert_eq!(o.error.as_deref(), Some("the turn ended interrupted"));
+    // The stream cut before turn/completed.
+    let first: String = APP_TOOL.lines().take(14).collect::<Vec<_>>().join("\n");
+    let o = parse(Format::CodexAppServer, &first);
+    assert!(!o.finished && !o.is_error, "{o:?}");
+    assert_eq!(o.tool_calls, ["shell"]);
+    assert!(o
+        .failure()
+        .unwrap_or_default()
+        .contains("without reporting a result"));
+    // Requests of the server's are not the parser's.
+    let o = parse(
+        Format::CodexAppServer,
+        r#"{"id":5,"method":"item/tool/requestUserInput","params":{"item":{"type":"commandExecution","id":"x"}}}"#,
+    );
+    assert!(o.tool_calls.is_empty() && !o.is_error);
+}
+
+#[test]
+fn a_held_claude_code_reports_like_a_cold_one() {
+    // Held on stream-json input, it writes the same events once its user message arrives
+    // (the cold recordings had a skill too; held, it offers no TaskCreate/TaskGet/TaskList/
+    // TaskUpdate tools).
+    for (held, cold) in [
+        (CLAUDE_HELD_TEXT, CLAUDE_TEXT),
+        (CLAUDE_HELD_TOOL, CLAUDE_TOOL),
+    ] {
+        let h = parse(Format::ClaudeStreamJson, held);
+        assert!(h.finished && h.failure().is_none(), "{h:?}");
+        assert!(h.tools.iter().any(|t| t == "Bash"), "{h:?}");
+        let c = parse(Format::ClaudeStreamJson, cold);
+        let common = |o: &AgentOutcome| AgentOutcome {
+            skills: Vec::new(),
+            tools: Vec::new(),
+            ..stats(o)
+        };
+        assert_eq!(common(&h), common(&c));
+    }
+    let o = parse(Format::ClaudeStreamJson, CLAUDE_HELD_TOOL);
+    assert_eq!(o.tool_calls, ["Bash", "mcp__echo__echo"]);
+    assert_eq!(o.mcp_servers, ["echo:connected"]);
+    assert_timed(&o);
+}
+
 #[test]
 fn codex_failed_turns_fail_with_their_message() {
     let o = parse(Format::CodexExecJson, CODEX_500);
@@ -289,7 +436,11 @@ fn without_is_error_the_subtype_decides() {
 
 #[test]
 fn hostile_streams_are_bounded() {
-    for format in [Format::ClaudeStreamJson, Format::CodexExecJson] {
+    for format in [
+        Format::ClaudeStreamJson,
+        Format::CodexExecJson,
+        Format::CodexAppServer,
+    ] {
         let mut p = OutputParser::with_default_cap(format);
         p.push(&vec![
             b'{';
@@ -309,6 +460,9 @@ fn hostile_streams_are_bounded() {
                     {"content": [{"type": "tool_use", "name": name}]}}),
                 Format::CodexExecJson => serde_json::json!({"type": "item.started", "item":
                     {"id": format!("i{i}"), "type": "command_execution"}}),
+                Format::CodexAppServer => serde_json::json!({"method": "item/started",
+                    "params": {"item": {"id": format!("i{i}"), "type": "mcpToolCall",
+                    "server": name, "tool": "t"}}}),
             };
             p.push(format!("{l}\n").as_bytes());
         }

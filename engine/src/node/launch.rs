@@ -352,7 +352,7 @@ pub const MOCK_NOT_INTERACTIVE: &str =
     "the mock runtime (`provider: mock`) has no interactive mode: it only answers a task's prompt";
 
 /// Claude Code's environment: the gateway, bash for its Bash tool, no traffic of its own.
-fn claude_env(gw: &GatewayAccess) -> Vec<(String, String)> {
+pub(crate) fn claude_env(gw: &GatewayAccess) -> Vec<(String, String)> {
     vec![
         ("HOME".into(), HOME.into()),
         (
@@ -380,7 +380,7 @@ fn claude_env(gw: &GatewayAccess) -> Vec<(String, String)> {
 }
 
 /// Codex's environment: its home and the gateway token ([`CODEX_TOKEN_ENV`]).
-fn codex_env(gw: &GatewayAccess) -> Vec<(String, String)> {
+pub(crate) fn codex_env(gw: &GatewayAccess) -> Vec<(String, String)> {
     vec![
         ("HOME".into(), HOME.into()),
         ("CODEX_HOME".into(), CODEX_HOME.into()),
@@ -391,7 +391,7 @@ fn codex_env(gw: &GatewayAccess) -> Vec<(String, String)> {
 }
 
 /// Claude Code's MCP flags and configuration file, when the agent has MCP servers.
-fn claude_mcp(agent: &AgentAction, args: &mut Vec<String>, files: &mut Vec<GuestFile>) {
+pub(crate) fn claude_mcp(agent: &AgentAction, args: &mut Vec<String>, files: &mut Vec<GuestFile>) {
     let servers = mcp_servers(agent);
     if !servers.is_empty() {
         // Only the spec's servers: none from elsewhere in the guest.
@@ -409,7 +409,7 @@ fn claude_mcp(agent: &AgentAction, args: &mut Vec<String>, files: &mut Vec<Guest
 }
 
 /// Codex's `config.toml` as a guest file.
-fn codex_config_file(config: String) -> GuestFile {
+pub(crate) fn codex_config_file(config: String) -> GuestFile {
     GuestFile {
         path: format!("{CODEX_HOME}/config.toml"),
         data: config.into_bytes(),
@@ -525,7 +525,7 @@ pub fn codex_config(model: Option<&str>, base_url: &str, mcp: &[&McpSkill]) -> S
 }
 
 /// The agent's MCP server skills, in spec order.
-fn mcp_servers(agent: &AgentAction) -> Vec<&McpSkill> {
+pub(crate) fn mcp_servers(agent: &AgentAction) -> Vec<&McpSkill> {
     agent
         .skills
         .iter()

@@ -2,7 +2,7 @@
 //! refuses before anything starts ([`refusals`], with the model endpoints [`reachable`]), the
 //! guest policy ([`policy`]), OCI images and skills ([`oci_images`]), the agent runtime's launch
 //! ([`launch`]) and an agent node's kit and report ([`agent`]); [`prepare`] runs the checks
-//! in one pass.
+//! in one pass; [`warm_launch`] is what runs warm (a runtime held waiting for its prompt).
 
 pub mod agent;
 pub mod command_runtimes;
@@ -12,3 +12,4 @@ pub mod policy;
 pub mod prepare;
 pub mod reachable;
 pub mod refusals;
+pub mod warm_launch;
