@@ -165,6 +165,7 @@ fn executor(
             guest_telemetry: false,
             telemetry_buffer: 0,
             services: Default::default(),
+            warm_runtimes: true,
             kill_children_on_abort: false,
             snapshots: voidbox::snapshot::Snapshots::new(
                 true,
@@ -207,7 +208,8 @@ fn vmm_pid() -> Option<String> {
             continue;
         }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(VMM_SUBCOMMAND) {
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains(VMM_SUBCOMMAND) || cmdline.contains("voidbox-vmm") {
             return Some(pid);
         }
     }
@@ -220,8 +222,19 @@ fn vmm_pid() -> Option<String> {
 fn vmm_memory(pid: &str, guest_kib: u64) -> Option<(u64, u64, u64)> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
     let (mut total, mut guest, mut anon) = (0u64, 0u64, 0u64);
-    let mut is_guest = false;
+    let (mut is_guest, mut snapshot_file) = (false, false);
     for line in smaps.lines() {
+        // A mapping's header: `START-END PERMS OFFSET DEV INODE [PATH]`. A layered
+        // snapshot's guest memory is its base's memory file with the diff mapped over parts.
+        if line.split_whitespace().next().is_some_and(|r| {
+            r.split_once('-').is_some_and(|(a, b)| {
+                u64::from_str_radix(a, 16).is_ok() && u64::from_str_radix(b, 16).is_ok()
+            })
+        }) {
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            snapshot_file = path.ends_with("/memory.bin") || path.ends_with("/memory.diff");
+            continue;
+        }
         let kib = |key: &str| -> Option<u64> {
             line.strip_prefix(key)?
                 .trim()
@@ -231,7 +244,7 @@ fn vmm_memory(pid: &str, guest_kib: u64) -> Option<(u64, u64, u64)> {
                 .ok()
         };
         if let Some(size) = kib("Size:") {
-            is_guest = size == guest_kib;
+            is_guest = snapshot_file || size == guest_kib;
         } else if let Some(rss) = kib("Rss:") {
             total += rss;
             if is_guest {
@@ -251,6 +264,11 @@ struct Sample {
     runtime: &'static str,
     root: &'static str,
     vm_start: &'static str,
+    /// How the runtime started: `cold`, `warm`, or `warm (created)` (this run made the
+    /// warm snapshot first).
+    start: String,
+    /// Attempt start (the executor called) → first model request.
+    start_to_first: Duration,
     boot: Duration,
     first_request: Duration,
     last_request: Duration,
@@ -273,9 +291,13 @@ fn measure(
     root: Option<&voidbox_oci::PulledImage>,
     memory_mb: usize,
     logs: &Path,
+    warm: bool,
 ) -> Sample {
     let p = Arc::new(plan(&agent_spec(runtime, llm, memory_mb)));
-    let exec = executor(image, disk, root, &p, logs);
+    let mut exec = executor(image, disk, root, &p, logs);
+    if let Some(e) = Arc::get_mut(&mut exec) {
+        e.inner.warm_runtimes = warm;
+    }
     let seen_before = server.model_calls().len();
     let done = Arc::new(AtomicBool::new(false));
     // Arrival times of model calls, polled on this thread while the run goes on.
@@ -352,6 +374,14 @@ fn measure(
         } else {
             "cold"
         },
+        start: match &a.runtime_start {
+            Some(voidbox::scheduler::RuntimeStart::Warm { created: true, .. }) => {
+                "warm (created)".into()
+            }
+            Some(s) => s.kind().into(),
+            None => "?".into(),
+        },
+        start_to_first: first.saturating_duration_since(t_enter),
         boot,
         first_request: first.saturating_duration_since(ready),
         last_request: last.saturating_duration_since(ready),
@@ -392,14 +422,8 @@ fn main() {
     let rt = voidbox::runtimes::ensure(&mut |l| eprintln!("runtimes: {l}"))
         .unwrap_or_else(|e| panic!("{e}"));
     println!("runtimes disk: {}\n", rt.versions());
-    let disk = ImageDisk {
-        path: rt.path.clone(),
-        digest: format!("sha256:{}", rt.digest),
-        role: DiskRole::Skill {
-            mount: voidbox::runtimes::GUEST_MOUNT.into(),
-            writable: false,
-        },
-    };
+    // As `apply` attaches it (the golden snapshot then runs each runtime once).
+    let disk = rt.image_disk();
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let roots = std::env::var("VOIDBOX_BENCH_ROOTS").unwrap_or_else(|_| "guest,image".into());
     // The image root: busybox from a local registry, pulled into a scratch cache.
@@ -483,40 +507,60 @@ fn main() {
         "{{provider: codex, base_url: \"{}\", model: scripted}}",
         server.openai_base_url()
     );
+    // `cold`: the runtime starts in its VM; `warm`: restored already running (the first warm
+    // run of a configuration makes its snapshot, and is shown as such).
+    let starts: Vec<bool> = std::env::var("VOIDBOX_BENCH_START")
+        .unwrap_or_else(|_| "cold,warm".into())
+        .split(',')
+        .map(|s| match s.trim() {
+            "cold" => false,
+            "warm" => true,
+            other => panic!("VOIDBOX_BENCH_START: unknown start `{other}`"),
+        })
+        .collect();
     let mut samples = Vec::new();
-    for _ in 0..runs {
-        for (runtime, llm) in [("claude-code", &claude_llm), ("codex", &codex_llm)] {
-            for root in &variants {
-                let s = measure(
-                    runtime,
-                    llm,
-                    &server,
-                    &image,
-                    &disk,
-                    *root,
-                    memory_mb,
-                    logs.path(),
-                );
-                eprintln!(
-                    "{runtime} ({} root): exec {} ({} model requests)",
-                    s.root,
-                    secs(s.exec),
-                    s.requests
-                );
-                samples.push(s);
+    for &warm_start in &starts {
+        // A configuration's first warm run makes its snapshot: run it once more.
+        let rounds = if warm_start { runs + 1 } else { runs };
+        for _ in 0..rounds {
+            for (runtime, llm) in [("claude-code", &claude_llm), ("codex", &codex_llm)] {
+                for root in &variants {
+                    let s = measure(
+                        runtime,
+                        llm,
+                        &server,
+                        &image,
+                        &disk,
+                        *root,
+                        memory_mb,
+                        logs.path(),
+                        warm_start,
+                    );
+                    eprintln!(
+                        "{runtime} ({} root, {}): start → first request {}, exec {} ({} model requests)",
+                        s.root,
+                        s.start,
+                        secs(s.start_to_first),
+                        secs(s.exec),
+                        s.requests
+                    );
+                    samples.push(s);
+                }
             }
         }
     }
 
     println!("## one turn, {memory_mb} MiB, 1 vCPU (times from VM ready unless said)\n");
-    println!("| runtime | root | VM start | VM ready (boot) | first model request | first token | last model request | done (exec) | last request → exit | host after exec | requests | guest memory touched | … written since restore | VMM RSS |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| runtime | root | runtime start | VM start | attempt start → first model request | VM ready (boot) | first model request | first token | last model request | done (exec) | last request → exit | host after exec | requests | guest memory touched | … written since restore | VMM RSS |");
+    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in &samples {
         println!(
-            "| {} | {} | {} | {} | {} | {}* | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {}* | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.runtime,
             s.root,
+            s.start,
             s.vm_start,
+            secs(s.start_to_first),
             secs(s.boot),
             secs(s.first_request),
             secs(s.first_request),

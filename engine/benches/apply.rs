@@ -558,6 +558,7 @@ fn vm_executor(
         },
         kill_children_on_abort: false,
         services: Default::default(),
+        warm_runtimes: true,
         snapshots: voidbox::snapshot::Snapshots::new(
             snapshots,
             voidbox::snapshot::CreateOptions {

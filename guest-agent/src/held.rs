@@ -450,7 +450,7 @@ fn group_usage(pgid: libc::pid_t) -> (u64, u32) {
     (ticks.saturating_mul(1000) / hz, running)
 }
 
-/// Threads of process `pid` in state `R`.
+/// Threads of process `pid` in state `R` or `D`.
 fn running_tasks(pid: u32) -> u32 {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
@@ -459,7 +459,9 @@ fn running_tasks(pid: u32) -> u32 {
     for entry in dir.take(MAX_TASKS).flatten() {
         let path = entry.path().join("stat");
         if let Some(s) = path.to_str().and_then(read_stat) {
-            if s.state == 'R' {
+            // Runnable, or in uninterruptible sleep (reading a disk, a page fault on a
+            // file): not waiting for its input.
+            if s.state == 'R' || s.state == 'D' {
                 n = n.saturating_add(1);
             }
         }

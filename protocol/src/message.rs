@@ -483,7 +483,8 @@ pub struct HeldInfo {
     /// process group, in milliseconds; never decreases.
     #[serde(default)]
     pub cpu_ms: u64,
-    /// Threads of the process group in state `R` (running or runnable).
+    /// Threads of the process group in state `R` (running or runnable) or `D`
+    /// (uninterruptible sleep: disk I/O, a page fault on a file).
     #[serde(default)]
     pub running_threads: u32,
     /// `true` once the process has exited (its status waits for the attach).

@@ -59,10 +59,15 @@ const KEY_VAR: &str = "VBX_TEST_KEY";
 /// The staged skill.
 const SKILL: &str = "vbx-probe";
 /// The tool command: `tool-ran-42-NODE` exists only once a shell in NODE's guest ran it.
-const TOOL_COMMAND: &str = "vbx-image-tool && echo tool-ran-$((6*7))-$VOIDBOX_NODE && echo \"$VBX_IMAGE_VAR\" && pwd && id -u";
+/// (`~/.voidbox/node.env` has the node's `VOIDBOX_NODE`: a warm runtime, shared by every node
+/// of its configuration, does not have it in its environment.)
+const TOOL_COMMAND: &str = ". ~/.voidbox/node.env && vbx-image-tool && echo tool-ran-$((6*7))-$VOIDBOX_NODE && echo \"$VBX_IMAGE_VAR\" && pwd && id -u";
 /// What the image program, the image's `Env` and `WorkingDir` add to the tool's output.
 const IMAGE_TOOL_OUTPUT: &str = "only-in-the-image-42";
 const IMAGE_ENV_AND_DIR: &str = "from-image-env\n/project";
+/// The agent boxes: two Claude Code boxes of one configuration (they share one warm-runtime
+/// snapshot) and a Codex box.
+const NODES: [&str; 3] = ["claude", "claude2", "codex"];
 /// Bytes read from `/proc/PID/mem` at a time.
 const CHUNK: usize = 8 << 20;
 
@@ -177,32 +182,60 @@ fn vmm_pids(parent: u32) -> Vec<u32> {
         .into_iter()
         .filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| c.split(|&b| b == 0).any(|a| a == b"__vmm"))
+                .map(|c| {
+                    c.split(|&b| b == 0).any(|a| a == b"__vmm")
+                        || c.split(|&b| b == 0)
+                            .next()
+                            .is_some_and(|a0| a0.ends_with(b"voidbox-vmm"))
+                })
                 .unwrap_or(false)
         })
         .collect()
 }
 
-/// The guest RAM mappings of VMM `pid`: (start, length) of every mapping exactly
-/// [`MEMORY_MB`] long (anonymous after a cold boot, the snapshot's memory file mapped
-/// private after a restore).
+/// The guest RAM of VMM `pid`: (start, length) of every stretch exactly [`MEMORY_MB`]
+/// long — one anonymous mapping after a cold boot; after a restore, the snapshot's memory
+/// file mapped private, with a layered snapshot's diff mapped over parts of it (adjacent
+/// mappings of `memory.bin` / `memory.diff`, taken together).
 fn ram_mappings(pid: u32) -> Result<Vec<(u64, u64)>, String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
     let mut out = Vec::new();
+    // The snapshot-file stretch being gathered: (start, end).
+    let mut run: Option<(u64, u64)> = None;
+    let want = MEMORY_MB << 20;
     for line in maps.lines() {
-        let Some((range, rest)) = line.split_once(' ') else {
-            continue;
-        };
-        let Some((a, b)) = range.split_once('-') else {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some((a, b)) = fields.first().and_then(|r| r.split_once('-')) else {
             continue;
         };
         let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
             continue;
         };
-        if b - a == MEMORY_MB << 20 && rest.starts_with("rw") {
+        let rw = fields.get(1).is_some_and(|p| p.starts_with("rw"));
+        let path = fields.get(5).copied().unwrap_or("");
+        let snapshot_file = path.ends_with("/memory.bin") || path.ends_with("/memory.diff");
+        if rw && snapshot_file {
+            run = match run {
+                Some((s, e)) if e == a => Some((s, b)),
+                other => {
+                    if let Some((s, e)) = other.filter(|(s, e)| e - s == want) {
+                        out.push((s, e - s));
+                    }
+                    Some((a, b))
+                }
+            };
+            continue;
+        }
+        if let Some((s, e)) = run.take().filter(|(s, e)| e - s == want) {
+            out.push((s, e - s));
+        }
+        if rw && b - a == want {
             out.push((a, b - a));
         }
+    }
+    if let Some((s, e)) = run.filter(|(s, e)| e - s == want) {
+        out.push((s, e - s));
     }
     Ok(out)
 }
@@ -296,18 +329,23 @@ fn scanning_server(
     key: &str,
     apply_pid: Arc<AtomicU32>,
     scans: Arc<Mutex<Vec<Scan>>>,
+    arrivals: Arc<Mutex<Vec<(&'static str, Instant)>>>,
 ) -> Server {
     let script = Script {
         expect_key: Some(key.to_string()),
         ..Script::new([Turn::shell(TOOL_COMMAND), Turn::text(final_text)])
     };
     let mut needles: Vec<Needle> = Needle::both("key", key).into();
-    for n in ["claude", "codex"] {
+    for n in NODES {
         needles.extend(Needle::both(&control(n), &control(n)));
     }
     let key = key.to_string();
     let done = AtomicBool::new(false);
     Server::start_with_hook(script, move |r: &Recorded| {
+        if r.is_model_call() {
+            let mut a = arrivals.lock().unwrap_or_else(|e| e.into_inner());
+            a.push((node, Instant::now()));
+        }
         if r.turn != Some(1) || r.status != 200 || done.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -422,20 +460,18 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     let out_dir = tempfile::tempdir().unwrap();
     let apply_pid = Arc::new(AtomicU32::new(0));
     let scans: Arc<Mutex<Vec<Scan>>> = Arc::default();
-    let claude = scanning_server(
-        "claude",
-        "vbx-final-claude",
-        &key,
-        apply_pid.clone(),
-        scans.clone(),
-    );
-    let codex = scanning_server(
-        "codex",
-        "vbx-final-codex",
-        &key,
-        apply_pid.clone(),
-        scans.clone(),
-    );
+    let arrivals: Arc<Mutex<Vec<(&'static str, Instant)>>> = Arc::default();
+    let server = |node: &'static str| {
+        scanning_server(
+            node,
+            &format!("vbx-final-{node}"),
+            &key,
+            apply_pid.clone(),
+            scans.clone(),
+            arrivals.clone(),
+        )
+    };
+    let (claude, claude2, codex) = (server("claude"), server("claude2"), server("codex"));
     // The skill carries the key too: the kit must redact it before it reaches the guest.
     let description = format!("Probes the voidbox sandbox (vbx-skill-{nonce}).");
     write(
@@ -458,10 +494,13 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             "kind: pipeline\nname: agents\nsandbox:\n  memory_mb: {MEMORY_MB}\n  image: '{image}'\npipeline:\n  boxes:\n\
              \x20   - name: claude\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-claude).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
              \x20     llm: {{provider: claude, base_url: '{cb}', api_key_env: {KEY_VAR}, model: claude-vbx-test}}\n\
+             \x20   - name: claude2\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-claude2).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
+             \x20     llm: {{provider: claude, base_url: '{cb2}', api_key_env: {KEY_VAR}, model: claude-vbx-test}}\n\
              \x20   - name: codex\n      prompt: 'Use the {SKILL} skill to probe the sandbox (vbx-prompt-codex).'\n      skills: ['file:skills/{SKILL}']\n      prompt_files: [AGENTS.md]\n      timeout_secs: 1500\n\
              \x20     llm: {{provider: codex, base_url: '{ob}', api_key_env: {KEY_VAR}, model: gpt-vbx-test}}\n\
-             \x20 stages:\n    - {{type: fan_out, boxes: [claude, codex]}}\n",
+             \x20 stages:\n    - {{type: fan_out, boxes: [claude, claude2, codex]}}\n",
             cb = claude.base_url(),
+            cb2 = claude2.base_url(),
             ob = codex.openai_base_url(),
             image = registry.reference("toolchain:1"),
         ),
@@ -477,7 +516,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             "--output",
             "json",
             "--max-parallel",
-            "2",
+            "3",
             "--boot-timeout",
             "600",
         ])
@@ -498,12 +537,28 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("vm_agents: voidbox apply took {wall:?}\n--- stderr ---\n{stderr}");
     let scans = std::mem::take(&mut *scans.lock().unwrap_or_else(|e| e.into_inner()));
-    let (claude_calls, codex_calls) = (claude.requests(), codex.requests());
-    drop((claude, codex));
+    let (claude_calls, claude2_calls, codex_calls) =
+        (claude.requests(), claude2.requests(), codex.requests());
+    drop((claude, claude2, codex));
+    {
+        let a = arrivals.lock().unwrap_or_else(|e| e.into_inner());
+        for n in NODES {
+            if let Some((_, at)) = a.iter().find(|(x, _)| *x == n) {
+                eprintln!(
+                    "vm_agents: {n}: first model request {:?} after apply started",
+                    at.duration_since(t0)
+                );
+            }
+        }
+    }
     let kept = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vm_agents");
     keep(&kept, "report.json", &stdout, &key);
     keep(&kept, "stderr.txt", &stderr, &key);
-    for (name, calls) in [("claude", &claude_calls), ("codex", &codex_calls)] {
+    for (name, calls) in [
+        ("claude", &claude_calls),
+        ("claude2", &claude2_calls),
+        ("codex", &codex_calls),
+    ] {
         let dump = serde_json::to_string_pretty(calls).unwrap_or_default();
         keep(&kept, &format!("{name}-requests.json"), &dump, &key);
     }
@@ -520,9 +575,10 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
         .flatten()
         .map(|v| v.as_str().unwrap_or_default().trim().to_string())
         .collect();
-    c.check(outputs == ["vbx-final-claude", "vbx-final-codex"], || {
-        format!("merged output {:#}", doc["output"])
-    });
+    c.check(
+        outputs == ["vbx-final-claude", "vbx-final-claude2", "vbx-final-codex"],
+        || format!("merged output {:#}", doc["output"]),
+    );
 
     let nodes = doc["nodes"].as_array().cloned().unwrap_or_default();
     let node = |name: &str| {
@@ -534,6 +590,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     };
     for (name, runtime, tool, calls) in [
         ("claude", "claude-code", "Bash", &claude_calls),
+        ("claude2", "claude-code", "Bash", &claude2_calls),
         ("codex", "codex", "shell", &codex_calls),
     ] {
         let n = node(name);
@@ -614,6 +671,57 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
             other => c.check(false, || format!("{name}: no console log: {other:?}")),
         }
     }
+    // Issue 35: every agent box restored its runtime already running; the two Claude Code
+    // boxes of one configuration restored one warm snapshot (made by one of them), and each
+    // went to its model as its own session.
+    for name in NODES {
+        let r = &node(name)["runtime"];
+        c.check(r["start"] == "warm", || format!("{name}: runtime {r}"));
+    }
+    let (r1, r2) = (&node("claude")["runtime"], &node("claude2")["runtime"]);
+    c.check(
+        r1["snapshot"].is_string()
+            && r1["snapshot"] == r2["snapshot"]
+            && r1["snapshot"] != node("codex")["runtime"]["snapshot"],
+        || {
+            format!(
+                "warm snapshots: claude {r1}, claude2 {r2}, codex {}",
+                node("codex")["runtime"]
+            )
+        },
+    );
+    c.check((r1["created"] == true) != (r2["created"] == true), || {
+        format!("exactly one Claude Code box should have made the snapshot: {r1} {r2}")
+    });
+    let sessions = |calls: &[Recorded]| -> Vec<String> {
+        let mut s: Vec<String> = calls
+            .iter()
+            .filter(|r| r.is_model_call())
+            .map(|r| {
+                r.header("x-claude-code-session-id")
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        s.dedup();
+        s
+    };
+    let (s1, s2) = (sessions(&claude_calls), sessions(&claude2_calls));
+    c.check(
+        s1.len() == 1 && s2.len() == 1 && !s1[0].is_empty() && s1 != s2,
+        || format!("Claude Code session ids: claude {s1:?}, claude2 {s2:?}"),
+    );
+    for (name, calls, other) in [
+        ("claude", &claude_calls, "claude2"),
+        ("claude2", &claude2_calls, "claude"),
+    ] {
+        c.check(
+            call_at(calls, 0).is_some_and(|r| {
+                r.body_contains(&control(name)) && !r.body_contains(&format!("{})", control(other)))
+            }),
+            || format!("{name}'s first request does not carry its own prompt only"),
+        );
+    }
     let claude_agent = &node("claude")["agent"];
     c.check(
         claude_agent["skills"]
@@ -630,6 +738,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     // `~/.claude/CLAUDE.md`, Codex `~/.codex/AGENTS.md`) and sent it to its model, redacted.
     for (name, calls, path) in [
         ("claude", &claude_calls, "/home/sandbox/.claude/CLAUDE.md"),
+        ("claude2", &claude2_calls, "/home/sandbox/.claude/CLAUDE.md"),
         ("codex", &codex_calls, "/home/sandbox/.codex/AGENTS.md"),
     ] {
         let rule = format!("vbx-rule-{nonce}");
@@ -652,7 +761,7 @@ fn claude_code_and_codex_run_in_vms_and_the_key_stays_on_the_host() {
     );
 
     // Key isolation: the guest RAM of every VM, scanned while they ran.
-    for node_name in ["claude", "codex"] {
+    for node_name in NODES {
         let mine: Vec<&Scan> = scans.iter().filter(|s| s.node == node_name).collect();
         let Some(scan) = mine.first() else {
             c.check(false, || {

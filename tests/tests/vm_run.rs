@@ -275,7 +275,7 @@ fn a_wait_for_another_process_golden_snapshot_is_told() {
             .unwrap(),
     );
     let mut err = BufReader::new(cli.0.stderr.take().unwrap());
-    let seen = voidbox_tests::read_until(&mut err, |s| s.contains("waiting for the golden"));
+    let seen = voidbox_tests::read_until(&mut err, |s| s.contains("waiting for snapshot"));
     drop(held);
     assert!(
         seen.contains(&format!("process {} (", std::process::id()))

@@ -13,6 +13,7 @@ use crate::node::agent::{kit_files, GuestFile, DEFAULT_OUTPUT_FILE};
 use crate::node::launch::{launch, GatewayAccess};
 use crate::plan::Action;
 use crate::providers::{Endpoint, Runtime};
+use crate::sandbox::guest::{Attach, Attached};
 use crate::sandbox::{GuestImage, Sandbox, SandboxConfig, SandboxError, VmmLauncher};
 use crate::scheduler::cancel::{kill_vmm_children, NodeControl, StopReason};
 use crate::scheduler::{Attempt, Executor, GuestSample, GuestUsage, Job, Status};
@@ -66,6 +67,9 @@ pub struct VmExecutor {
     pub telemetry_buffer: usize,
     /// How services and their dependents reach each other.
     pub services: crate::network::services::ServiceNet,
+    /// Agent runtimes start warm where they can ([`crate::snapshot::warm`]); `false` starts
+    /// every one in its VM (benchmarks compare the two).
+    pub warm_runtimes: bool,
 }
 
 /// Time between readiness checks of a service.
@@ -81,11 +85,31 @@ pub const DEFAULT_TELEMETRY_BUFFER: usize = 64;
 
 /// What an attempt runs, prepared on the host before its VM starts.
 struct Prepared {
+    /// The exec request (for a warm runtime: the held runtime's, for the policy and messages).
     req: ExecRequest,
     files: Vec<GuestFile>,
     output_file: Option<String>,
     /// An agent's output format and endpoint.
     agent: Option<(Format, Endpoint)>,
+    /// A warm runtime: attach to the held runtime and hold this conversation with it,
+    /// instead of running `req`.
+    attach: Option<AttachRun>,
+}
+
+/// The conversation with a warm runtime, and the attempt's deadline in seconds.
+struct AttachRun {
+    conversation: Box<dyn crate::node::warm_launch::Conversation>,
+    timeout_secs: u64,
+}
+
+/// A warm attempt prepared on the host: the snapshot's spec, the VM's settings (restore
+/// source still unset) and the gateway socket's private directory.
+struct WarmPrep {
+    spec: crate::snapshot::warm::WarmSpec,
+    cfg: SandboxConfig,
+    gw_dir: tempfile::TempDir,
+    sock: PathBuf,
+    prepared: Prepared,
 }
 
 impl Executor for VmExecutor {
@@ -183,6 +207,36 @@ impl VmExecutor {
         if ctl.stopped().is_some() {
             return Attempt::failed(Status::Cancelled, "cancelled before start");
         }
+        let endpoint = self.endpoints.get(&job.node.name);
+        if let (Action::Agent(ag), Some(e)) = (&job.node.action, endpoint) {
+            let snapshots = self.snapshots.store.is_some();
+            let reason = match crate::snapshot::warm::cold_reason(&job.node, e.runtime, snapshots) {
+                None if !self.warm_runtimes => Some("warm runtimes are off".to_string()),
+                other => other,
+            };
+            return match reason {
+                None => self.attempt_warm(job, ctl, console, ag, e),
+                Some(reason) => self.attempt_cold(job, ctl, console, Some(reason)),
+            };
+        }
+        self.attempt_cold(job, ctl, console, None)
+    }
+
+    /// An attempt whose agent runtime (if any) starts in the VM; `cold`: why an agent's
+    /// could not start warm (for the report).
+    fn attempt_cold(
+        &self,
+        job: &Job,
+        ctl: &NodeControl,
+        console: &Path,
+        cold: Option<String>,
+    ) -> Attempt {
+        let mut a = self.attempt_in_vm(job, ctl, console);
+        a.runtime_start = cold.map(|reason| crate::scheduler::RuntimeStart::Cold { reason });
+        a
+    }
+
+    fn attempt_in_vm(&self, job: &Job, ctl: &NodeControl, console: &Path) -> Attempt {
         // Everything that can fail on the host is checked before a VM boots.
         let endpoint = self.endpoints.get(&job.node.name);
         // A real runtime talks to the model through its own gateway, started per VM.
@@ -236,11 +290,27 @@ impl VmExecutor {
             gateway.as_ref().and_then(Gateway::port),
         );
         cfg.set_shares(crate::mount_flag::shares(&mounts));
-        let mut sb = match self.snapshots.start(&cfg, named, &cancelled) {
+        let sb = match self.snapshots.start(&cfg, named, &cancelled) {
             Ok(sb) => sb,
             Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
             Err(e) => return sandbox_failure(e),
         };
+        self.started(sb, job, ctl, prepared, (boot_t0, boot_wall), gateway, kit)
+    }
+
+    /// The rest of an attempt once its VM runs: the command (or the conversation with a warm
+    /// runtime), the output, the VM killed.
+    #[allow(clippy::too_many_arguments)]
+    fn started(
+        &self,
+        mut sb: Sandbox,
+        job: &Job,
+        ctl: &NodeControl,
+        prepared: Prepared,
+        (boot_t0, boot_wall): (Instant, SystemTime),
+        gateway: Option<Gateway>,
+        kit: Option<crate::kit::KitSummary>,
+    ) -> Attempt {
         let boot = boot_t0.elapsed();
         let booted_wall = SystemTime::now();
         let restored = sb.timings().restore.is_some();
@@ -279,19 +349,7 @@ impl VmExecutor {
         kit_summary: &mut Option<crate::kit::KitSummary>,
     ) -> Result<Prepared, String> {
         let vm = self.node_vms.get(&job.node.name);
-        // The image's `Env` first: the spec's variables override it.
-        let mut env: Vec<(String, String)> = vm.map(|v| v.env.clone()).unwrap_or_default();
-        let image_workdir = vm.and_then(|v| v.workdir.clone());
-        for (k, v) in &job.node.sandbox.env {
-            let v = if v.is_empty() {
-                std::env::var(k).unwrap_or_default()
-            } else {
-                v.clone()
-            };
-            env.push((k.clone(), v));
-        }
-        env.push(("VOIDBOX_NODE".into(), job.node.name.clone()));
-        env.push(("VOIDBOX_ATTEMPT".into(), job.attempt.to_string()));
+        let (mut env, image_workdir) = self.node_env(job);
         match &job.node.action {
             Action::Command(c) => {
                 // A runtime program on the runtimes disk is found on `PATH`; the node's own
@@ -314,6 +372,7 @@ impl VmExecutor {
                     files: Vec::new(),
                     output_file: Some(DEFAULT_OUTPUT_FILE.to_string()),
                     agent: None,
+                    attach: None,
                 })
             }
             Action::Agent(ag) => {
@@ -349,17 +408,224 @@ impl VmExecutor {
                 if let Some(w) = image_workdir {
                     req.workdir = Some(w);
                 }
-                let mut files = l.files;
+                // The per-node variables in a file too, as a warm runtime's shells get them.
+                let mut files = vec![crate::snapshot::warm::node_env_file(&req.env)];
+                files.extend(l.files);
                 files.extend(skills);
                 Ok(Prepared {
                     req,
                     files,
                     output_file: Some(out),
                     agent: Some((l.format, endpoint.clone())),
+                    attach: None,
                 })
             }
             Action::Shell => Err("an interactive sandbox (no `run:`) has nothing to run".into()),
         }
+    }
+
+    /// The node's environment — its image's `Env`, then the spec's variables (an empty value
+    /// copies the host's), then `VOIDBOX_NODE` and `VOIDBOX_ATTEMPT` — and its image's
+    /// `WorkingDir`.
+    fn node_env(&self, job: &Job) -> (Vec<(String, String)>, Option<String>) {
+        let vm = self.node_vms.get(&job.node.name);
+        let mut env: Vec<(String, String)> = vm.map(|v| v.env.clone()).unwrap_or_default();
+        for (k, v) in &job.node.sandbox.env {
+            let v = if v.is_empty() {
+                std::env::var(k).unwrap_or_default()
+            } else {
+                v.clone()
+            };
+            env.push((k.clone(), v));
+        }
+        env.push(("VOIDBOX_NODE".into(), job.node.name.clone()));
+        env.push(("VOIDBOX_ATTEMPT".into(), job.attempt.to_string()));
+        (env, vm.and_then(|v| v.workdir.clone()))
+    }
+
+    /// An agent attempt restored with its runtime already running ([`crate::snapshot::warm`]):
+    /// the warm snapshot is made first if the cache has none. A node whose warm snapshot
+    /// cannot be made or is refused starts its runtime cold, with a notice and the reason in
+    /// the report.
+    fn attempt_warm(
+        &self,
+        job: &Job,
+        ctl: &NodeControl,
+        console: &Path,
+        ag: &crate::plan::AgentAction,
+        endpoint: &Endpoint,
+    ) -> Attempt {
+        let cold = |why: String| {
+            (self.snapshots.notice)(&format!(
+                "{}: its agent runtime starts cold: {why}",
+                job.node.name
+            ));
+            self.attempt_cold(job, ctl, console, Some(why))
+        };
+        let Some(store) = self.snapshots.store.as_ref() else {
+            return cold("snapshots are off".into());
+        };
+        let mut kit = None;
+        let w = match self.warm_prepare(job, ag, endpoint, console, &mut kit) {
+            Ok(Ok(w)) => w,
+            Ok(Err(reason)) => return cold(reason),
+            Err(e) => return Attempt::failed(Status::Failed, e),
+        };
+        let boot_t0 = Instant::now();
+        let boot_wall = SystemTime::now();
+        let cancelled = || ctl.stopped().is_some();
+        let lease = match crate::snapshot::warm::ensure_warm(
+            store,
+            &w.spec,
+            &self.snapshots.create,
+            self.snapshots.max_bytes,
+            &*self.snapshots.notice,
+            &cancelled,
+        ) {
+            Ok(l) => l,
+            Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
+            Err(e) => {
+                let e = e.to_string();
+                return cold(format!("its warm snapshot could not be made: {e}"));
+            }
+        };
+        let key = lease.lease.entry.meta.key.clone();
+        let options = crate::gateway::GatewayOptions {
+            listen: crate::gateway::Listen::Unix(w.sock.clone()),
+            token: Some(lease.token.clone()),
+            fresh_identity: true,
+            ..crate::gateway::GatewayOptions::from_env()
+        };
+        let gateway = match Gateway::start_with(endpoint, &options) {
+            Ok(g) => g,
+            Err(e) => {
+                let mut a = Attempt::failed(
+                    Status::Failed,
+                    format!("cannot start the credential gateway: {e}"),
+                );
+                a.environment = true;
+                return a;
+            }
+        };
+        let mut cfg = w.cfg;
+        cfg.restore = Some(lease.lease.restore.clone());
+        let sb = match Sandbox::start(&cfg) {
+            Ok(sb) => sb,
+            Err(_) if cancelled() => return Attempt::failed(Status::Cancelled, "cancelled"),
+            Err(SandboxError::SnapshotRefused(why)) => {
+                drop(lease);
+                crate::snapshot::discard_broken(store, &key, &why, &*self.snapshots.notice);
+                return cold(format!("its warm snapshot was refused: {why}"));
+            }
+            Err(e) => return sandbox_failure(e),
+        };
+        let created = lease.created;
+        drop(lease);
+        let mut a = self.started(
+            sb,
+            job,
+            ctl,
+            w.prepared,
+            (boot_t0, boot_wall),
+            Some(gateway),
+            kit,
+        );
+        drop(w.gw_dir);
+        a.runtime_start = Some(crate::scheduler::RuntimeStart::Warm {
+            snapshot: key[..12].to_string(),
+            created,
+        });
+        a
+    }
+
+    /// What a warm attempt needs, prepared on the host: `Ok(Err(reason))` when the node
+    /// cannot start warm after all (its runtime has no waiting mode for it).
+    fn warm_prepare(
+        &self,
+        job: &Job,
+        ag: &crate::plan::AgentAction,
+        endpoint: &Endpoint,
+        console: &Path,
+        kit_summary: &mut Option<crate::kit::KitSummary>,
+    ) -> Result<Result<WarmPrep, String>, String> {
+        use crate::snapshot::warm;
+        let access = GatewayAccess {
+            base_url: warm::gateway_base_url(endpoint.guest_path()),
+            token: warm::TOKEN_MARK.into(),
+        };
+        let launch = match crate::node::warm_launch::warm_launch(ag, endpoint, &access) {
+            Ok(l) => l,
+            Err(reason) => return Ok(Err(reason.0)),
+        };
+        let mut secrets = crate::kit::Secrets::for_node(&job.node);
+        if let Some(c) = &endpoint.credential {
+            secrets = secrets.with(c.secret().expose());
+        }
+        let src = crate::kit::Sources {
+            spec_dir: &self.spec_dir,
+            skills: &ag.skills,
+            prompt_files: &ag.prompt_files,
+            layout: launch.layout,
+            remotes: &self.remotes,
+        };
+        let (kit, summary) = kit_files(&src, &secrets)?;
+        *kit_summary = Some(summary);
+        let (env, image_workdir) = self.node_env(job);
+        let node_env = warm::node_env_file(&env);
+        let mut launch = launch;
+        launch.request = warm::held_request(launch.request, env);
+        if let Some(w) = image_workdir {
+            launch.request.workdir = Some(w);
+        }
+        let (gw_dir, sock) = warm::gateway_dir(self.runtime_dir.as_deref())?;
+        let mut cfg = self.config(job, console, &launch.request.program, None);
+        let mut nat = cfg.network.take().unwrap_or_else(|| {
+            let mut nat = crate::network::nat_config(
+                voidbox_net::NetworkPolicy {
+                    public_egress: false,
+                    ..voidbox_net::NetworkPolicy::default()
+                },
+                &self.dns_upstreams,
+            );
+            self.services.apply_to(&job.node.name, &mut nat);
+            nat
+        });
+        nat.services.push(warm::gateway_route(&sock));
+        cfg.network = Some(nat);
+        let spec = warm::WarmSpec {
+            golden: crate::snapshot::GoldenSpec::of(&cfg),
+            launch: launch.clone(),
+            kit,
+            policy: cfg.policy.clone(),
+            network: job.node.sandbox.network.clone(),
+            provider: endpoint.provider.as_str().to_string(),
+            model: endpoint.model.clone(),
+        };
+        let out = ag
+            .output_file
+            .clone()
+            .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
+        let prepared = Prepared {
+            req: launch.request,
+            files: vec![node_env],
+            output_file: Some(out),
+            agent: Some((launch.format, endpoint.clone())),
+            attach: Some(AttachRun {
+                conversation: crate::node::warm_launch::conversation(
+                    launch.runtime,
+                    &ag.prompt,
+                    endpoint.model.as_deref(),
+                ),
+                timeout_secs: job.node.timeout().secs,
+            }),
+        };
+        Ok(Ok(WarmPrep {
+            spec,
+            cfg,
+            gw_dir,
+            sock,
+            prepared,
+        }))
     }
 
     fn in_vm(&self, sb: &mut Sandbox, job: &Job, ctl: &NodeControl, p: Prepared) -> Attempt {
@@ -368,6 +634,7 @@ impl VmExecutor {
             files,
             output_file,
             agent,
+            attach,
         } = p;
         let provision_t0 = SystemTime::now();
         if let Some(input) = &job.input.file {
@@ -453,22 +720,76 @@ impl VmExecutor {
                     let _ = std::io::stderr().lock().write_all(data);
                 }
             };
-            let res = sb.exec_sampled(
-                req,
-                &mut |s, data| {
-                    echo(data);
-                    match s {
-                        OutputStream::Stdout => {
-                            stdout.push(data);
-                            if let Some(p) = stream.as_mut() {
-                                p.push(data);
+            let res = match attach {
+                None => sb
+                    .exec_sampled(
+                        req,
+                        &mut |s, data| {
+                            echo(data);
+                            match s {
+                                OutputStream::Stdout => {
+                                    stdout.push(data);
+                                    if let Some(p) = stream.as_mut() {
+                                        p.push(data);
+                                    }
+                                }
+                                OutputStream::Stderr => stderr.push(data),
                             }
-                        }
-                        OutputStream::Stderr => stderr.push(data),
-                    }
-                },
-                sampling,
-            );
+                        },
+                        sampling,
+                    )
+                    .map(|r| (r, false)),
+                Some(AttachRun {
+                    mut conversation,
+                    timeout_secs,
+                }) => {
+                    let first = conversation.start();
+                    let mut lines = LineSplitter::new(job.max_output);
+                    sb.exec_attach(
+                        crate::snapshot::warm::HELD,
+                        first,
+                        Some(timeout_secs),
+                        &mut |s, data| {
+                            echo(data);
+                            match s {
+                                OutputStream::Stdout => {
+                                    stdout.push(data);
+                                    if let Some(p) = stream.as_mut() {
+                                        p.push(data);
+                                    }
+                                    let mut reply = Vec::new();
+                                    lines.push(data, |line| {
+                                        reply.extend(conversation.on_line(line));
+                                    });
+                                    if conversation.finished() {
+                                        Attach::Finish
+                                    } else if reply.is_empty() {
+                                        Attach::Continue
+                                    } else {
+                                        Attach::Write(reply)
+                                    }
+                                }
+                                OutputStream::Stderr => {
+                                    stderr.push(data);
+                                    Attach::Continue
+                                }
+                            }
+                        },
+                        sampling,
+                    )
+                    .map(|a| match a {
+                        Attached::Exited(r) => (r, false),
+                        // Done at its final event: the runtime was stopped, not waited for.
+                        Attached::Finished { duration } => (
+                            ExecResponse {
+                                duration_ms: duration.as_millis() as u64,
+                                ..ExecResponse::default()
+                            },
+                            true,
+                        ),
+                    })
+                }
+            };
             drop(stop_watch);
             let readiness = watcher.and_then(|w| w.join().ok());
             (res, readiness)
@@ -483,10 +804,17 @@ impl VmExecutor {
             _ => None,
         };
         let mut a = match res {
-            Ok(r) => {
+            Ok((r, finished)) => {
                 let outcome = stream.map(OutputParser::finish);
-                let mut a =
-                    self.collect(sb, job, &shown, &r, stdout, outcome.as_ref(), &output_file);
+                let mut a = self.collect(
+                    sb,
+                    job,
+                    &shown,
+                    (&r, finished),
+                    stdout,
+                    outcome.as_ref(),
+                    &output_file,
+                );
                 if let (Some(o), Some((_, e))) = (&outcome, &agent) {
                     a.agent = Some(crate::node::agent::stats(o, e));
                 }
@@ -547,7 +875,7 @@ impl VmExecutor {
         sb: &mut Sandbox,
         job: &Job,
         program: &str,
-        r: &ExecResponse,
+        (r, finished): (&ExecResponse, bool),
         stdout: CappedBuf,
         outcome: Option<&crate::agent_output::AgentOutcome>,
         output_file: &Option<String>,
@@ -566,7 +894,7 @@ impl VmExecutor {
             // The runtime's own message says more than its exit status.
             let why = o.failure().unwrap_or_default();
             Attempt::failed(Status::Failed, format!("the agent runtime failed: {why}"))
-        } else if !r.success() {
+        } else if !finished && !r.success() {
             let how = crate::scheduler::exit_words(r.exit_code, r.signal)
                 .unwrap_or_else(|| "unknown status".into());
             Attempt::failed(Status::Failed, format!("{program} failed: {how}"))
@@ -577,6 +905,11 @@ impl VmExecutor {
             )
         } else if let Some(why) = outcome.and_then(|o| o.failure()) {
             Attempt::failed(Status::Failed, format!("the agent runtime failed: {why}"))
+        } else if finished && outcome.is_none_or(|o| o.result.is_none()) {
+            Attempt::failed(
+                Status::Failed,
+                "the agent runtime finished without a result",
+            )
         } else {
             match self.output(
                 sb,
@@ -589,6 +922,7 @@ impl VmExecutor {
                 Err(e) => Attempt::failed(Status::Failed, e),
             }
         };
+        // A warm runtime is stopped at its final event: it has no exit status to report.
         a.exit_code = r.exit_code;
         a.signal = r.signal;
         a
@@ -771,9 +1105,57 @@ fn stopped_or(ctl: &NodeControl, a: Attempt) -> Attempt {
     }
 }
 
+/// Splits a stream into lines (without their newline) for a warm runtime's conversation;
+/// a line longer than its cap is cut there (the rest of it is dropped).
+struct LineSplitter {
+    line: Vec<u8>,
+    cap: usize,
+}
+
+impl LineSplitter {
+    fn new(cap: u64) -> LineSplitter {
+        LineSplitter {
+            line: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Feeds `data`, calling `on_line` for each line it completes.
+    fn push(&mut self, data: &[u8], mut on_line: impl FnMut(&[u8])) {
+        for piece in data.split_inclusive(|&b| b == b'\n') {
+            let (body, done) = match piece.strip_suffix(b"\n") {
+                Some(b) => (b, true),
+                None => (piece, false),
+            };
+            let room = self.cap.saturating_sub(self.line.len());
+            self.line.extend_from_slice(&body[..body.len().min(room)]);
+            if done {
+                on_line(&self.line);
+                self.line.clear();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_split_across_chunks_and_capped() {
+        let mut s = LineSplitter::new(8);
+        let mut got = Vec::new();
+        for chunk in [
+            &b"{\"a\":"[..],
+            b"1}\n{\"b\"",
+            b":2}\nxxxxxxxxxxxxxx\n",
+            b"tail",
+        ] {
+            s.push(chunk, |l| got.push(String::from_utf8_lossy(l).into_owned()));
+        }
+        assert_eq!(got, ["{\"a\":1}", "{\"b\":2}", "xxxxxxxx"]);
+        assert_eq!(s.line, b"tail");
+    }
 
     #[test]
     fn closed_ports_name_the_address_probed() {

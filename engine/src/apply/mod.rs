@@ -333,6 +333,7 @@ fn apply_prepared(
                 usize::try_from(n).unwrap_or(usize::MAX)
             }),
         services,
+        warm_runtimes: true,
     });
     let sched = SchedOptions {
         max_parallel: opts

@@ -152,6 +152,7 @@ pub fn json_report(
                     .map(|a| a.stderr_tail.clone()),
                 "timeout": node_timeout(plan, r, &plan.graph[idx], n).map_or(Value::Null, |t| t.to_json()),
                 "agent": a.and_then(|a| a.agent.as_ref()).map_or(Value::Null, |s| json!(s)),
+                "runtime": a.and_then(|a| a.runtime_start.as_ref()).map_or(Value::Null, |s| json!(s)),
                 "artifacts": a.map_or(json!([]), |a| json!(a.artifacts)),
                 "network": network(&plan.graph[idx], a),
                 "kit": kit(plan, remotes, &plan.graph[idx], a),

@@ -737,6 +737,70 @@ fn dry_run(plan: &Plan, src: &crate::node::refusals::SpecSource, args: &ApplyArg
             "note: `run.program`, `cli:` skills and `sandbox.snapshot` are checked when `apply` runs: the guest image cannot be looked up ({e})"
         ),
     }
-    print!("{}", render(plan, plan_format));
+    let starts = agent_starts(plan, snapshots);
+    match plan_format {
+        GraphFormat::Json if !starts.is_empty() => {
+            // The JSON plan gets each agent node's runtime start.
+            let mut doc: serde_json::Value =
+                serde_json::from_str(&render(plan, plan_format)).unwrap_or_default();
+            if let Some(o) = doc.as_object_mut() {
+                let map: serde_json::Map<String, serde_json::Value> = starts
+                    .iter()
+                    .map(|(n, s)| {
+                        let v = match s {
+                            crate::scheduler::RuntimeStart::Cold { reason } => {
+                                serde_json::json!({"start": "cold", "reason": reason})
+                            }
+                            crate::scheduler::RuntimeStart::Warm { .. } => {
+                                serde_json::json!({"start": "warm"})
+                            }
+                        };
+                        (n.clone(), v)
+                    })
+                    .collect();
+                o.insert("agent_runtimes".into(), map.into());
+            }
+            println!("{doc:#}");
+        }
+        _ => {
+            print!("{}", render(plan, plan_format));
+            if !starts.is_empty() {
+                println!("\nagent runtimes:");
+                for (name, s) in &starts {
+                    match s {
+                        crate::scheduler::RuntimeStart::Cold { reason } => {
+                            println!("  {name}: cold: {reason}")
+                        }
+                        crate::scheduler::RuntimeStart::Warm { .. } => println!(
+                            "  {name}: warm (restored waiting for its prompt; its snapshot is made on first use)"
+                        ),
+                    }
+                }
+            }
+        }
+    }
     0
+}
+
+/// How each agent node's runtime would start (`apply --dry-run`): warm, or cold with the
+/// reason ([`crate::snapshot::warm::cold_reason`]).
+fn agent_starts(plan: &Plan, snapshots: bool) -> Vec<(String, crate::scheduler::RuntimeStart)> {
+    let env = |k: &str| std::env::var(k).ok();
+    plan.graph
+        .node_weights()
+        .filter_map(|n| {
+            let crate::plan::Action::Agent(a) = &n.action else {
+                return None;
+            };
+            let runtime = crate::providers::runtime_of(&a.llm, &env).ok()?;
+            let start = match crate::snapshot::warm::cold_reason(n, runtime, snapshots) {
+                Some(reason) => crate::scheduler::RuntimeStart::Cold { reason },
+                None => crate::scheduler::RuntimeStart::Warm {
+                    snapshot: String::new(),
+                    created: false,
+                },
+            };
+            Some((n.name.clone(), start))
+        })
+        .collect()
 }

@@ -207,6 +207,17 @@ pub fn exec(n: &PlanNode, a: &Attempt) -> (String, Vec<KeyValue>) {
             g.samples_taken as i64,
         ));
     }
+    match &a.runtime_start {
+        Some(crate::scheduler::RuntimeStart::Warm { snapshot, .. }) => v.extend([
+            KeyValue::new("voidbox.agent.runtime_start", "warm"),
+            KeyValue::new("voidbox.agent.warm_snapshot", snapshot.clone()),
+        ]),
+        Some(crate::scheduler::RuntimeStart::Cold { reason }) => v.extend([
+            KeyValue::new("voidbox.agent.runtime_start", "cold"),
+            KeyValue::new("voidbox.agent.cold_reason", reason.clone()),
+        ]),
+        None => {}
+    }
     match (&n.action, &a.agent) {
         (Action::Agent(_), Some(ag)) => {
             v.extend([

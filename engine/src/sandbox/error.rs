@@ -168,11 +168,13 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
-    /// Exit code for the CLI: 3 for environment problems, 125 for every other sandbox
-    /// failure (the guest's own exit codes pass through unchanged).
+    /// Exit code for the CLI: 3 for environment problems (a refused snapshot included), 125
+    /// for every other sandbox failure (the guest's own exit codes pass through unchanged).
     pub fn exit_code(&self) -> u8 {
         match self {
-            SandboxError::Environment(_) => 3,
+            // A snapshot the VMM refuses (corrupt, mismatched, its base missing or different)
+            // is a problem of this host's cache, like a missing image.
+            SandboxError::Environment(_) | SandboxError::SnapshotRefused(_) => 3,
             _ => 125,
         }
     }

@@ -158,6 +158,37 @@ pub struct Attempt {
     pub program: Option<String>,
     /// A service's life: when it became ready, what it served, how it ended.
     pub service: Option<ServiceStats>,
+    /// How an agent's runtime started: restored waiting for its prompt, or in the VM (with
+    /// the reason); `None` for commands.
+    pub runtime_start: Option<RuntimeStart>,
+}
+
+/// How an agent attempt's runtime started.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "start", rename_all = "snake_case")]
+pub enum RuntimeStart {
+    /// Restored already running, waiting for its prompt (a warm-runtime snapshot).
+    Warm {
+        /// The warm snapshot's key (12 characters).
+        snapshot: String,
+        /// This attempt created it (the runtime started once, in the creator VM).
+        created: bool,
+    },
+    /// Started from nothing in the VM.
+    Cold {
+        /// Why it could not start warm.
+        reason: String,
+    },
+}
+
+impl RuntimeStart {
+    /// `warm` or `cold`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RuntimeStart::Warm { .. } => "warm",
+            RuntimeStart::Cold { .. } => "cold",
+        }
+    }
 }
 
 /// A service attempt's life, as reports and traces show it.
@@ -331,6 +362,7 @@ impl Attempt {
             guest: None,
             program: None,
             service: None,
+            runtime_start: None,
         }
     }
 

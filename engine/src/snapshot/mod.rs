@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod store;
+pub mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -271,7 +272,7 @@ fn lock_until(
         }
         if cancelled() {
             return Err(SandboxError::Cancelled(
-                "while waiting for the golden snapshot".into(),
+                "while waiting for a snapshot another VM creates".into(),
             ));
         }
         std::thread::sleep(LOCK_POLL);
@@ -328,7 +329,7 @@ fn waiting_for(key: &str, holder: Option<(u32, Option<String>)>) -> String {
         None => "another process".to_string(),
     };
     format!(
-        "waiting for the golden snapshot {}: {who} holds its lock while it creates it (a cold boot, usually 10-30 s)",
+        "waiting for snapshot {}: {who} holds its lock while it creates it (a golden snapshot: a cold boot, usually 10-30 s; a warm runtime: the runtime's start)",
         &key[..12.min(key.len())]
     )
 }
@@ -372,10 +373,11 @@ fn lease_existing(
 pub fn discard_broken(store: &Store, key: &str, why: &str, notice: &dyn Fn(&str)) {
     let first = why.lines().next().unwrap_or(why);
     notice(&format!(
-        "golden snapshot {} cannot be used ({first}); removing it",
+        "snapshot {} cannot be used ({first}); removing it",
         &key[..key.len().min(12)]
     ));
-    let _ = store.remove(key);
+    // Diffs over a broken base cannot serve either. (One in use stays: its VM holds it.)
+    let _ = store.remove_with_dependents(key);
 }
 
 /// Resolves a spec's `sandbox.snapshot` (a cache key prefix or a directory, relative to
