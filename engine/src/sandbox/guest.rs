@@ -688,7 +688,8 @@ pub enum Attach {
     Continue,
     /// Write these bytes to the program's stdin (which stays open during an attach).
     Write(Vec<u8>),
-    /// Done: kill the program's process group and return [`Attached::Finished`].
+    /// Done: stop the program's process group (`SIGSTOP`) and return [`Attached::Finished`]
+    /// at once.
     Finish,
 }
 
@@ -697,10 +698,10 @@ pub enum Attach {
 pub enum Attached {
     /// The program ended on its own (or at its deadline: `timed_out`).
     Exited(ExecResponse),
-    /// The callback said [`Attach::Finish`]: the program was killed, and the connection is
-    /// ready for other requests.
+    /// The callback said [`Attach::Finish`]: the program was stopped, not waited for; the
+    /// connection serves other requests (which skip the attach's late frames).
     Finished {
-        /// From the attach to the kill's confirmation.
+        /// From the attach to the stop.
         duration: Duration,
     },
 }
@@ -797,8 +798,11 @@ impl GuestConn {
     /// host waits that long plus a grace period per read). With `sampling`, guest telemetry
     /// is asked for meanwhile, as in [`GuestConn::exec_sampled`].
     ///
-    /// On [`Attach::Finish`] the process group is killed (`ExecSignal` 9) and the replies
-    /// are drained up to the `ExecResponse`, so the connection serves later requests.
+    /// On [`Attach::Finish`] the process group is stopped (`ExecSignal` `SIGSTOP`) and the
+    /// attach returns at once: a program's exit — tearing down its memory — takes tens of
+    /// seconds where the guest kernel is interpreted, and the caller stops the VM anyway once
+    /// it has read what it needs. Frames of the attach still in flight are skipped by the
+    /// requests that follow, as any reply to another request is.
     ///
     /// Errors: an unknown name is [`SandboxError::Guest`] with `NotFound`, one attached
     /// already `Busy`; a guest that breaks the protocol is [`SandboxError::Protocol`].
@@ -909,7 +913,6 @@ fn attach_replies(
     t0: Instant,
 ) -> Result<Attached, SandboxError> {
     let mut strays = 0usize;
-    let mut finishing = false;
     let mut wrote = false;
     loop {
         let m = read_reply(stream, "exec_attach", host_timeout.unwrap_or_default())?;
@@ -926,7 +929,6 @@ fn attach_replies(
             continue;
         }
         match m {
-            Message::ExecOutputChunk(_) if finishing => strays = 0,
             Message::ExecOutputChunk(c) => {
                 strays = 0;
                 match on_output(c.stream, &c.data) {
@@ -938,18 +940,18 @@ fn attach_replies(
                         }
                     }
                     Attach::Finish => {
-                        finishing = true;
-                        let _ = tx.send(Message::ExecSignal(ExecSignal { id, signal: 9 }));
+                        let _ = tx.send(Message::ExecSignal(ExecSignal {
+                            id,
+                            signal: libc::SIGSTOP,
+                        }));
+                        return Ok(Attached::Finished {
+                            duration: t0.elapsed(),
+                        });
                     }
                 }
             }
-            Message::ExecResponse(_) if finishing => {
-                return Ok(Attached::Finished {
-                    duration: t0.elapsed(),
-                })
-            }
             Message::ExecResponse(r) => return Ok(Attached::Exited(r)),
-            Message::Error(e) if (finishing || wrote) && e.code == ErrorCode::NoSuchRequest => {
+            Message::Error(e) if wrote && e.code == ErrorCode::NoSuchRequest => {
                 strays += 1;
                 if strays > MAX_STRAY_MESSAGES {
                     return Err(too_many_strays("exec_attach"));
