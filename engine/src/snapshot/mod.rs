@@ -279,6 +279,44 @@ fn lock_until(
     }
 }
 
+/// The exclusive lock to create `key`, or `None` once another creator has installed it
+/// meanwhile (lease it then: VMs restoring from it hold its shared lock for as long as they
+/// start, or — a warm snapshot's base — for as long as the warm runtime starts, so waiting
+/// for the exclusive lock would wait for all of them).
+fn create_lock_until(
+    store: &Store,
+    key: &str,
+    notice: &dyn Fn(&str),
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Option<store::EntryLock>, SandboxError> {
+    let mut told = false;
+    loop {
+        if let Some(l) = store.lock(key, LockMode::Exclusive, false).map_err(env)? {
+            l.record_holder();
+            return Ok(Some(l));
+        }
+        if matches!(store.get(key), Ok(Some(_))) {
+            return Ok(None);
+        }
+        if !told {
+            told = true;
+            let holder = store.lock_holder(key);
+            if holder
+                .as_ref()
+                .is_none_or(|(pid, _)| *pid != std::process::id())
+            {
+                notice(&waiting_for(key, holder));
+            }
+        }
+        if cancelled() {
+            return Err(SandboxError::Cancelled(
+                "while waiting for a snapshot another VM creates".into(),
+            ));
+        }
+        std::thread::sleep(LOCK_POLL);
+    }
+}
+
 /// [`ensure_golden`], giving up with [`SandboxError::Cancelled`] once `cancelled` is true.
 pub fn ensure_golden_until(
     store: &Store,
@@ -294,7 +332,9 @@ pub fn ensure_golden_until(
             return Ok(lease);
         }
         // Create it, unless a concurrent creator (this or another process) did meanwhile.
-        let _x = lock_until(store, &key, LockMode::Exclusive, notice, cancelled)?;
+        let Some(_x) = create_lock_until(store, &key, notice, cancelled)? else {
+            continue;
+        };
         if matches!(store.get(&key), Ok(Some(_))) {
             continue;
         }

@@ -189,7 +189,9 @@ pub fn ensure_warm(
         if let Some(l) = lease_warm(store, &key, notice, cancelled)? {
             return Ok(WarmLease { created, ..l });
         }
-        let _x = super::lock_until(store, &key, super::LockMode::Exclusive, notice, cancelled)?;
+        let Some(_x) = super::create_lock_until(store, &key, notice, cancelled)? else {
+            continue;
+        };
         if matches!(store.get(&key), Ok(Some(_))) {
             continue;
         }
