@@ -387,18 +387,7 @@ impl VmExecutor {
                     .clone()
                     .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
                 let l = launch(ag, endpoint, gateway, &out, Some(job.node.timeout().secs))?;
-                let mut secrets = crate::kit::Secrets::for_node(&job.node);
-                if let Some(c) = &endpoint.credential {
-                    secrets = secrets.with(c.secret().expose());
-                }
-                let src = crate::kit::Sources {
-                    spec_dir: &self.spec_dir,
-                    skills: &ag.skills,
-                    prompt_files: &ag.prompt_files,
-                    layout: l.layout,
-                    remotes: &self.remotes,
-                };
-                let (skills, kit) = kit_files(&src, &secrets)?;
+                let (skills, kit) = self.kit(job, ag, endpoint, l.layout)?;
                 *kit_summary = Some(kit);
                 let mut req = l.request;
                 // The node's variables after the runtime's, except those the runtime needs
@@ -422,6 +411,29 @@ impl VmExecutor {
             }
             Action::Shell => Err("an interactive sandbox (no `run:`) has nothing to run".into()),
         }
+    }
+
+    /// An agent's kit laid out for its runtime (`layout`), the node's secrets and the
+    /// provider's key redacted, with its summary for the report.
+    fn kit(
+        &self,
+        job: &Job,
+        ag: &crate::plan::AgentAction,
+        endpoint: &Endpoint,
+        layout: crate::kit::Layout,
+    ) -> Result<(Vec<GuestFile>, crate::kit::KitSummary), String> {
+        let mut secrets = crate::kit::Secrets::for_node(&job.node);
+        if let Some(c) = &endpoint.credential {
+            secrets = secrets.with(c.secret().expose());
+        }
+        let src = crate::kit::Sources {
+            spec_dir: &self.spec_dir,
+            skills: &ag.skills,
+            prompt_files: &ag.prompt_files,
+            layout,
+            remotes: &self.remotes,
+        };
+        kit_files(&src, &secrets)
     }
 
     /// The node's environment — its image's `Env`, then the spec's variables (an empty value
@@ -557,18 +569,7 @@ impl VmExecutor {
             Ok(l) => l,
             Err(reason) => return Ok(Err(reason.0)),
         };
-        let mut secrets = crate::kit::Secrets::for_node(&job.node);
-        if let Some(c) = &endpoint.credential {
-            secrets = secrets.with(c.secret().expose());
-        }
-        let src = crate::kit::Sources {
-            spec_dir: &self.spec_dir,
-            skills: &ag.skills,
-            prompt_files: &ag.prompt_files,
-            layout: launch.layout,
-            remotes: &self.remotes,
-        };
-        let (kit, summary) = kit_files(&src, &secrets)?;
+        let (kit, summary) = self.kit(job, ag, endpoint, launch.layout)?;
         *kit_summary = Some(summary);
         let (env, image_workdir) = self.node_env(job);
         let node_env = warm::node_env_file(&env);

@@ -124,25 +124,7 @@ pub fn create(
 ) -> Result<Entry, SandboxError> {
     let key = spec.key();
     let staging = store.staging().map_err(env)?;
-    let mut cfg = SandboxConfig::new(spec.image.clone());
-    cfg.memory_mb = spec.memory_mb;
-    cfg.vcpus = spec.vcpus;
-    cfg.extra_cmdline = spec.extra_cmdline.clone();
-    cfg.disks = spec.disks.clone();
-    cfg.share_slots = spec.share_slots;
-    // Nothing reaches the creator, and it reaches nothing: its NAT binds none of the node's
-    // published ports or service sockets (the restored VM's NAT does).
-    cfg.network = spec.network.clone().map(|mut n| {
-        n.policy = crate::network::creator_policy();
-        n.publish.clear();
-        n.publish_unix.clear();
-        n.services.clear();
-        n
-    });
-    cfg.launcher = opts.launcher.clone();
-    cfg.boot_timeout = opts.boot_timeout;
-    cfg.runtime_dir = opts.runtime_dir.clone();
-    cfg.snapshot_control = true;
+    let cfg = creator_config(spec, opts);
     let mut sb = Sandbox::start(&cfg)?;
     let boot = sb.timings().total;
     warm_up(&mut sb, &spec.disks);
@@ -176,6 +158,31 @@ pub fn create(
     };
     store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
     store.install(staging, &key).map_err(env)
+}
+
+/// The settings of a VM that takes a snapshot of `spec`'s shape (a golden snapshot, or a
+/// warm runtime's over one): its snapshot control on, and a NAT through which nothing reaches
+/// it and it reaches nothing — none of the node's published ports or service sockets (the
+/// restored VM's NAT binds those).
+fn creator_config(spec: &GoldenSpec, opts: &CreateOptions) -> SandboxConfig {
+    let mut cfg = SandboxConfig::new(spec.image.clone());
+    cfg.memory_mb = spec.memory_mb;
+    cfg.vcpus = spec.vcpus;
+    cfg.extra_cmdline = spec.extra_cmdline.clone();
+    cfg.disks = spec.disks.clone();
+    cfg.share_slots = spec.share_slots;
+    cfg.network = spec.network.clone().map(|mut n| {
+        n.policy = crate::network::creator_policy();
+        n.publish.clear();
+        n.publish_unix.clear();
+        n.services.clear();
+        n
+    });
+    cfg.launcher = opts.launcher.clone();
+    cfg.boot_timeout = opts.boot_timeout;
+    cfg.runtime_dir = opts.runtime_dir.clone();
+    cfg.snapshot_control = true;
+    cfg
 }
 
 /// Runs one shell in the VM before it is snapshotted — and, with the runtimes disk attached,
@@ -259,24 +266,37 @@ fn lock_until(
             }
             return Ok(l);
         }
-        if !told {
-            told = true;
-            // Another VM of this run: its "creating the golden snapshot" notice says it.
-            let holder = store.lock_holder(key);
-            if holder
-                .as_ref()
-                .is_none_or(|(pid, _)| *pid != std::process::id())
-            {
-                notice(&waiting_for(key, holder));
-            }
-        }
-        if cancelled() {
-            return Err(SandboxError::Cancelled(
-                "while waiting for a snapshot another VM creates".into(),
-            ));
-        }
-        std::thread::sleep(LOCK_POLL);
+        wait_once_more(store, key, &mut told, notice, cancelled)?;
     }
+}
+
+/// One round of waiting for `key`'s holder: tells `notice` the first time (`told`), unless
+/// the holder is this process (its "creating …" notice says it), then sleeps [`LOCK_POLL`];
+/// an error once `cancelled`.
+fn wait_once_more(
+    store: &Store,
+    key: &str,
+    told: &mut bool,
+    notice: &dyn Fn(&str),
+    cancelled: &dyn Fn() -> bool,
+) -> Result<(), SandboxError> {
+    if !*told {
+        *told = true;
+        let holder = store.lock_holder(key);
+        if holder
+            .as_ref()
+            .is_none_or(|(pid, _)| *pid != std::process::id())
+        {
+            notice(&waiting_for(key, holder));
+        }
+    }
+    if cancelled() {
+        return Err(SandboxError::Cancelled(
+            "while waiting for a snapshot another VM creates".into(),
+        ));
+    }
+    std::thread::sleep(LOCK_POLL);
+    Ok(())
 }
 
 /// The exclusive lock to create `key`, or `None` once another creator has installed it
@@ -298,22 +318,7 @@ fn create_lock_until(
         if matches!(store.get(key), Ok(Some(_))) {
             return Ok(None);
         }
-        if !told {
-            told = true;
-            let holder = store.lock_holder(key);
-            if holder
-                .as_ref()
-                .is_none_or(|(pid, _)| *pid != std::process::id())
-            {
-                notice(&waiting_for(key, holder));
-            }
-        }
-        if cancelled() {
-            return Err(SandboxError::Cancelled(
-                "while waiting for a snapshot another VM creates".into(),
-            ));
-        }
-        std::thread::sleep(LOCK_POLL);
+        wait_once_more(store, key, &mut told, notice, cancelled)?;
     }
 }
 

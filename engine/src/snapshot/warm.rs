@@ -25,7 +25,7 @@ use crate::image::manifest::content_hash;
 use crate::node::agent::GuestFile;
 use crate::node::warm_launch::WarmLaunch;
 use crate::providers::Secret;
-use crate::sandbox::{image_key, Sandbox, SandboxConfig, SandboxError};
+use crate::sandbox::{image_key, Sandbox, SandboxError};
 
 /// The held runtime's name in the guest.
 pub const HELD: &str = crate::node::warm_launch::HELD_NAME;
@@ -301,24 +301,8 @@ fn create(
     let key = spec.key();
     let base = ensure_golden_until(store, &spec.golden, opts, max_bytes, notice, cancelled)?;
     let token = new_token()?;
-    let mut cfg = SandboxConfig::new(spec.golden.image.clone());
-    cfg.memory_mb = spec.golden.memory_mb;
-    cfg.vcpus = spec.golden.vcpus;
-    cfg.extra_cmdline = spec.golden.extra_cmdline.clone();
-    cfg.disks = spec.golden.disks.clone();
-    cfg.share_slots = spec.golden.share_slots;
     // The creator reaches nothing: the runtime makes no request before its prompt.
-    cfg.network = spec.golden.network.clone().map(|mut n| {
-        n.policy = crate::network::creator_policy();
-        n.publish.clear();
-        n.publish_unix.clear();
-        n.services.clear();
-        n
-    });
-    cfg.launcher = opts.launcher.clone();
-    cfg.boot_timeout = opts.boot_timeout;
-    cfg.runtime_dir = opts.runtime_dir.clone();
-    cfg.snapshot_control = true;
+    let mut cfg = super::creator_config(&spec.golden, opts);
     cfg.policy = spec.policy.clone();
     cfg.restore = Some(base.restore.clone());
     let t0 = Instant::now();
