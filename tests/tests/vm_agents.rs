@@ -1,8 +1,12 @@
 //! The real agent runtimes in real micro-VMs through `voidbox apply`, the real credential
 //! gateway, and the scripted LLM server (`voidbox-llm-script`: the only stand-in, for the
-//! remote model API). One pipeline fans out to a Claude Code box (`provider: claude`) and a
-//! Codex box (`provider: codex`), each with a staged `file:` skill and its own scripted
-//! server on loopback: a shell tool call, then a final text.
+//! remote model API). One pipeline fans out to two Claude Code boxes of one configuration
+//! (`provider: claude`, different prompts) and a Codex box (`provider: codex`), each with a
+//! staged `file:` skill and its own scripted server on loopback: a shell tool call, then a
+//! final text. Every box restores its runtime already running (issue 35: a warm-runtime
+//! snapshot, a diff over the base golden snapshot): the two Claude Code boxes restore one
+//! snapshot, made by one of them, and reach their model as two sessions, each with its own
+//! prompt only; the time from `apply`'s start to each box's first model request is printed.
 //!
 //! Both boxes run with an OCI image as their root filesystem (issue 25: agents in any image;
 //! `examples/agents-local.yaml`, run by `scripts/test.sh`, covers the guest image's own
