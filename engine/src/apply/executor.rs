@@ -606,6 +606,7 @@ impl VmExecutor {
             .output_file
             .clone()
             .unwrap_or_else(|| DEFAULT_OUTPUT_FILE.into());
+        let cwd = launch.request.workdir.clone();
         let prepared = Prepared {
             req: launch.request,
             files: vec![node_env],
@@ -616,6 +617,7 @@ impl VmExecutor {
                     launch.runtime,
                     &ag.prompt,
                     endpoint.model.as_deref(),
+                    cwd.as_deref(),
                 ),
                 timeout_secs: job.node.timeout().secs,
             }),

@@ -201,10 +201,20 @@ pub trait Conversation: Send {
 }
 
 /// The conversation giving `prompt` to a warm `runtime` (`model`: the endpoint's, for
-/// Codex's thread). The mock runtime is never warm: it gets Claude Code's.
-pub fn conversation(runtime: Runtime, prompt: &str, model: Option<&str>) -> Box<dyn Conversation> {
+/// Codex's thread; `cwd`: the directory its thread works in, the held process's — an image's
+/// `WorkingDir` — else [`WORKDIR`]). The mock runtime is never warm: it gets Claude Code's.
+pub fn conversation(
+    runtime: Runtime,
+    prompt: &str,
+    model: Option<&str>,
+    cwd: Option<&str>,
+) -> Box<dyn Conversation> {
     match runtime {
-        Runtime::Codex => Box::new(CodexConversation::new(prompt, model, WORKDIR)),
+        Runtime::Codex => Box::new(CodexConversation::new(
+            prompt,
+            model,
+            cwd.unwrap_or(WORKDIR),
+        )),
         Runtime::ClaudeCode | Runtime::Mock => Box::new(ClaudeConversation::new(prompt)),
     }
 }

@@ -237,7 +237,7 @@ const CODEX_APP_500: &str = include_str!("../../agent_output/testdata/codex-app/
 #[test]
 fn claude_conversation_is_one_user_message_until_the_result() {
     for transcript in [CLAUDE_HELD_TEXT, CLAUDE_HELD_TOOL] {
-        let mut c = conversation(Runtime::ClaudeCode, "say \"hi\"\nthen stop", None);
+        let mut c = conversation(Runtime::ClaudeCode, "say \"hi\"\nthen stop", None, None);
         let (written, done_at) = replay(c.as_mut(), transcript);
         assert_eq!(
             written,
@@ -254,7 +254,7 @@ fn claude_conversation_is_one_user_message_until_the_result() {
 #[test]
 fn codex_conversation_starts_a_thread_then_the_turn() {
     for (transcript, label) in [(CODEX_APP_TOOL, "tool"), (CODEX_APP_500, "500")] {
-        let mut c = conversation(Runtime::Codex, PROMPT, Some("gpt-x"));
+        let mut c = conversation(Runtime::Codex, PROMPT, Some("gpt-x"), None);
         let (written, done_at) = replay(c.as_mut(), transcript);
         let thread = transcript
             .lines()
@@ -283,7 +283,7 @@ fn codex_conversation_starts_a_thread_then_the_turn() {
 
 #[test]
 fn codex_conversation_answers_server_requests_and_ends_on_refusals() {
-    let mut c = conversation(Runtime::Codex, PROMPT, None);
+    let mut c = conversation(Runtime::Codex, PROMPT, None, None);
     let _ = c.start();
     // Replayed held output: the initialize answer needs nothing.
     assert!(c
@@ -306,7 +306,7 @@ fn codex_conversation_answers_server_requests_and_ends_on_refusals() {
         .is_empty());
     assert!(c.finished());
 
-    let mut c = conversation(Runtime::Codex, PROMPT, None);
+    let mut c = conversation(Runtime::Codex, PROMPT, None, None);
     let _ = c.start();
     c.on_line(br#"{"id":0,"error":{"code":-32600,"message":"Not initialized"}}"#);
     assert!(c.finished(), "a refused initialize (replayed) ends it too");
@@ -484,7 +484,7 @@ fn run_held(case: &Case, rt: &Path, dir: &Path) -> Run {
             None,
             &work.display().to_string(),
         )),
-        r => conversation(r, PROMPT, None),
+        r => conversation(r, PROMPT, None, None),
     };
     let mut feed =
         |l: Vec<u8>, conv: &mut Box<dyn Conversation>, stdin: &mut std::process::ChildStdin| {
