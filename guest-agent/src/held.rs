@@ -336,8 +336,9 @@ impl Held {
         match st.ended.take() {
             Some(ended) => {
                 drop(st);
-                a.finish(ended, self.slot.timed_out());
+                // The name is free before the response says the exec ended.
                 table.remove(self);
+                a.finish(ended, self.slot.timed_out());
             }
             None => st.attached = Some(a),
         }
@@ -393,8 +394,9 @@ impl Held {
         match st.attached.take() {
             Some(a) => {
                 drop(st);
-                a.finish(ended, self.slot.timed_out());
+                // The name is free before the response says the exec ended.
                 table.remove(&self);
+                a.finish(ended, self.slot.timed_out());
             }
             None => st.ended = Some(ended),
         }
