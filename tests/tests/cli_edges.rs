@@ -652,7 +652,7 @@ fn help_and_readme_say_what_voidbox_does() {
 /// make `voidbox` resolve to that binary.
 #[test]
 fn the_quick_start_reaches_a_voidbox_command() {
-    const BUILD: &str = "cargo build --release -p voidbox";
+    const BUILD: &str = "cargo build --release -p voidbox -p voidbox-vmm";
     let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
     let quick = readme
         .split("## Quick start")

@@ -1,5 +1,5 @@
 //! Codex's `app-server` JSON-RPC stream (one JSON object a line), as a warm runtime writes it
-//! ([`crate::node::warm_launch`]): responses to our requests (`initialize`, `thread/start`,
+//! (voidbox's warm Codex conversation): responses to our requests (`initialize`, `thread/start`,
 //! `turn/start`), and notifications — `turn/started`, `item/started` / `item/completed`
 //! (`agentMessage`, `commandExecution`, `mcpToolCall`, `fileChange`, `webSearch`,
 //! `dynamicToolCall`, ...), `thread/tokenUsage/updated` (the thread's running total),
@@ -35,7 +35,7 @@ pub(super) fn event(v: &Value, st: &mut State, out: &mut AgentOutcome) {
         // A response: an error answer to one of our requests ends the conversation.
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
             let what = match v.get("id").and_then(Value::as_u64) {
-                Some(id) => crate::node::warm_launch::codex_request_name(id),
+                Some(id) => request_name(id),
                 None => "a request",
             };
             let m = text(e, "/message").unwrap_or("error");
@@ -176,5 +176,22 @@ pub(super) fn finish(st: &mut State, out: &mut AgentOutcome) {
     if let Some(m) = st.failed.take().or_else(|| st.pending_error.take()) {
         out.result_over_cap = None;
         out.fail(&m);
+    }
+}
+
+/// The JSON-RPC ids of the warm Codex conversation's requests.
+pub(crate) const INITIALIZE_ID: u64 = 0;
+/// `thread/start`'s id.
+pub(crate) const THREAD_START_ID: u64 = 1;
+/// `turn/start`'s id.
+pub(crate) const TURN_START_ID: u64 = 2;
+
+/// The method of our request `id`, for messages.
+pub(crate) fn request_name(id: u64) -> &'static str {
+    match id {
+        INITIALIZE_ID => "initialize",
+        THREAD_START_ID => "thread/start",
+        TURN_START_ID => "turn/start",
+        _ => "a request",
     }
 }

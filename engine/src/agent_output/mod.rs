@@ -8,7 +8,7 @@
 
 mod claude;
 mod codex;
-mod codex_app;
+pub(crate) mod codex_app;
 #[cfg(test)]
 mod tests;
 
@@ -34,7 +34,7 @@ pub enum Format {
     /// Codex: `codex exec --json ...`.
     CodexExecJson,
     /// Codex held warm: `codex app-server`'s JSON-RPC messages
-    /// ([`crate::node::warm_launch`]).
+    /// (the warm Codex conversation).
     CodexAppServer,
 }
 

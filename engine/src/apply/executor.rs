@@ -67,7 +67,7 @@ pub struct VmExecutor {
     pub telemetry_buffer: usize,
     /// How services and their dependents reach each other.
     pub services: crate::network::services::ServiceNet,
-    /// Agent runtimes start warm where they can ([`crate::snapshot::warm`]); `false` starts
+    /// Agent runtimes start warm where they can ([`crate::node::warm_snapshot`]); `false` starts
     /// every one in its VM (benchmarks compare the two).
     pub warm_runtimes: bool,
 }
@@ -105,7 +105,7 @@ struct AttachRun {
 /// A warm attempt prepared on the host: the snapshot's spec, the VM's settings (restore
 /// source still unset) and the gateway socket's private directory.
 struct WarmPrep {
-    spec: crate::snapshot::warm::WarmSpec,
+    spec: crate::node::warm_snapshot::WarmSpec,
     cfg: SandboxConfig,
     gw_dir: tempfile::TempDir,
     sock: PathBuf,
@@ -210,10 +210,11 @@ impl VmExecutor {
         let endpoint = self.endpoints.get(&job.node.name);
         if let (Action::Agent(ag), Some(e)) = (&job.node.action, endpoint) {
             let snapshots = self.snapshots.store.is_some();
-            let reason = match crate::snapshot::warm::cold_reason(&job.node, e.runtime, snapshots) {
-                None if !self.warm_runtimes => Some("warm runtimes are off".to_string()),
-                other => other,
-            };
+            let reason =
+                match crate::node::warm_snapshot::cold_reason(&job.node, e.runtime, snapshots) {
+                    None if !self.warm_runtimes => Some("warm runtimes are off".to_string()),
+                    other => other,
+                };
             return match reason {
                 None => self.attempt_warm(job, ctl, console, ag, e),
                 Some(reason) => self.attempt_cold(job, ctl, console, Some(reason)),
@@ -398,7 +399,7 @@ impl VmExecutor {
                     req.workdir = Some(w);
                 }
                 // The per-node variables in a file too, as a warm runtime's shells get them.
-                let mut files = vec![crate::snapshot::warm::node_env_file(&req.env)];
+                let mut files = vec![crate::node::warm_snapshot::node_env_file(&req.env)];
                 files.extend(l.files);
                 files.extend(skills);
                 Ok(Prepared {
@@ -455,7 +456,7 @@ impl VmExecutor {
         (env, vm.and_then(|v| v.workdir.clone()))
     }
 
-    /// An agent attempt restored with its runtime already running ([`crate::snapshot::warm`]):
+    /// An agent attempt restored with its runtime already running ([`crate::node::warm_snapshot`]):
     /// the warm snapshot is made first if the cache has none. A node whose warm snapshot
     /// cannot be made or is refused starts its runtime cold, with a notice and the reason in
     /// the report.
@@ -486,7 +487,7 @@ impl VmExecutor {
         let boot_t0 = Instant::now();
         let boot_wall = SystemTime::now();
         let cancelled = || ctl.stopped().is_some();
-        let lease = match crate::snapshot::warm::ensure_warm(
+        let lease = match crate::node::warm_snapshot::ensure_warm(
             store,
             &w.spec,
             &self.snapshots.create,
@@ -560,7 +561,7 @@ impl VmExecutor {
         console: &Path,
         kit_summary: &mut Option<crate::kit::KitSummary>,
     ) -> Result<Result<WarmPrep, String>, String> {
-        use crate::snapshot::warm;
+        use crate::node::warm_snapshot as warm;
         let access = GatewayAccess {
             base_url: warm::gateway_base_url(endpoint.guest_path()),
             token: warm::TOKEN_MARK.into(),
@@ -749,7 +750,7 @@ impl VmExecutor {
                     let first = conversation.start();
                     let mut lines = LineSplitter::new(job.max_output);
                     sb.exec_attach(
-                        crate::snapshot::warm::HELD,
+                        crate::node::warm_snapshot::HELD,
                         first,
                         Some(timeout_secs),
                         &mut |s, data| {

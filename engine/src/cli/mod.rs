@@ -783,7 +783,7 @@ fn dry_run(plan: &Plan, src: &crate::node::refusals::SpecSource, args: &ApplyArg
 }
 
 /// How each agent node's runtime would start (`apply --dry-run`): warm, or cold with the
-/// reason ([`crate::snapshot::warm::cold_reason`]).
+/// reason ([`crate::node::warm_snapshot::cold_reason`]).
 fn agent_starts(plan: &Plan, snapshots: bool) -> Vec<(String, crate::scheduler::RuntimeStart)> {
     let env = |k: &str| std::env::var(k).ok();
     plan.graph
@@ -793,7 +793,7 @@ fn agent_starts(plan: &Plan, snapshots: bool) -> Vec<(String, crate::scheduler::
                 return None;
             };
             let runtime = crate::providers::runtime_of(&a.llm, &env).ok()?;
-            let start = match crate::snapshot::warm::cold_reason(n, runtime, snapshots) {
+            let start = match crate::node::warm_snapshot::cold_reason(n, runtime, snapshots) {
                 Some(reason) => crate::scheduler::RuntimeStart::Cold { reason },
                 None => crate::scheduler::RuntimeStart::Warm {
                     snapshot: String::new(),

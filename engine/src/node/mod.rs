@@ -13,3 +13,4 @@ pub mod prepare;
 pub mod reachable;
 pub mod refusals;
 pub mod warm_launch;
+pub mod warm_snapshot;

@@ -60,10 +60,8 @@ const CODEX_OPT_OUT: &[&str] = &[
     "account/rateLimits/updated",
     "thread/status/changed",
 ];
-/// Request ids of the Codex conversation.
-const INITIALIZE_ID: u64 = 0;
-const THREAD_START_ID: u64 = 1;
-const TURN_START_ID: u64 = 2;
+// Request ids of the Codex conversation.
+use crate::agent_output::codex_app::{INITIALIZE_ID, THREAD_START_ID, TURN_START_ID};
 
 /// How a warm runtime starts: the held process and what it needs.
 #[derive(Debug, Clone)]
@@ -177,16 +175,6 @@ fn codex_initialize() -> Vec<u8> {
     let mut out = line(&init);
     out.extend(line(&json!({ "jsonrpc": "2.0", "method": "initialized" })));
     out
-}
-
-/// The name of the Codex conversation's request `id`, for messages.
-pub(crate) fn codex_request_name(id: u64) -> &'static str {
-    match id {
-        INITIALIZE_ID => "initialize",
-        THREAD_START_ID => "thread/start",
-        TURN_START_ID => "turn/start",
-        _ => "a request",
-    }
 }
 
 /// Drives a warm runtime's conversation: what to write at attach and in answer to each line

@@ -10,7 +10,6 @@
 
 pub mod cli;
 pub mod store;
-pub mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -164,7 +163,7 @@ pub fn create(
 /// warm runtime's over one): its snapshot control on, and a NAT through which nothing reaches
 /// it and it reaches nothing — none of the node's published ports or service sockets (the
 /// restored VM's NAT binds those).
-fn creator_config(spec: &GoldenSpec, opts: &CreateOptions) -> SandboxConfig {
+pub(crate) fn creator_config(spec: &GoldenSpec, opts: &CreateOptions) -> SandboxConfig {
     let mut cfg = SandboxConfig::new(spec.image.clone());
     cfg.memory_mb = spec.memory_mb;
     cfg.vcpus = spec.vcpus;
@@ -217,7 +216,7 @@ fn has_runtimes(disks: &crate::sandbox::disks::VmDisks) -> bool {
         .any(|d| matches!(&d.role, crate::sandbox::disks::DiskRole::Runtimes { .. }))
 }
 
-fn env(e: StoreError) -> SandboxError {
+pub(crate) fn env(e: StoreError) -> SandboxError {
     SandboxError::Environment(format!("snapshot cache: {e}"))
 }
 
@@ -231,6 +230,23 @@ pub struct Lease {
     /// Whether this is a golden (cache) snapshot, as opposed to one the spec named.
     pub golden: bool,
     _lock: Option<store::EntryLock>,
+}
+
+impl Lease {
+    /// A lease on `entry`, holding `lock` (its shared lock) for as long as it lives.
+    pub(crate) fn held(
+        entry: Entry,
+        restore: RestoreFrom,
+        golden: bool,
+        lock: store::EntryLock,
+    ) -> Lease {
+        Lease {
+            entry,
+            restore,
+            golden,
+            _lock: Some(lock),
+        }
+    }
 }
 
 /// The golden snapshot for `spec`, created first if the cache has none. `notice` receives
@@ -251,7 +267,7 @@ const LOCK_POLL: Duration = Duration::from_millis(50);
 /// Takes the lock of `key`, waiting for a conflicting holder (another VM creating the
 /// snapshot) until `cancelled` says to give up; a wait is told to `notice` once, naming the
 /// snapshot and the holder.
-fn lock_until(
+pub(crate) fn lock_until(
     store: &Store,
     key: &str,
     mode: LockMode,
@@ -303,7 +319,7 @@ fn wait_once_more(
 /// meanwhile (lease it then: VMs restoring from it hold its shared lock for as long as they
 /// start, or — a warm snapshot's base — for as long as the warm runtime starts, so waiting
 /// for the exclusive lock would wait for all of them).
-fn create_lock_until(
+pub(crate) fn create_lock_until(
     store: &Store,
     key: &str,
     notice: &dyn Fn(&str),

@@ -20,12 +20,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use voidbox_protocol::{ExecRequest, GuestPolicy, OutputStream};
 
-use super::{ensure_golden_until, env, CreateOptions, GoldenSpec, Lease, Store};
 use crate::image::manifest::content_hash;
 use crate::node::agent::GuestFile;
 use crate::node::warm_launch::WarmLaunch;
 use crate::providers::Secret;
 use crate::sandbox::{image_key, Sandbox, SandboxError};
+use crate::snapshot::{ensure_golden_until, env, CreateOptions, GoldenSpec, Lease, Store};
 
 /// The held runtime's name in the guest.
 pub const HELD: &str = crate::node::warm_launch::HELD_NAME;
@@ -189,7 +189,7 @@ pub fn ensure_warm(
         if let Some(l) = lease_warm(store, &key, notice, cancelled)? {
             return Ok(WarmLease { created, ..l });
         }
-        let Some(_x) = super::create_lock_until(store, &key, notice, cancelled)? else {
+        let Some(_x) = crate::snapshot::create_lock_until(store, &key, notice, cancelled)? else {
             continue;
         };
         if matches!(store.get(&key), Ok(Some(_))) {
@@ -223,13 +223,19 @@ fn lease_warm(
     notice: &dyn Fn(&str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Option<WarmLease>, SandboxError> {
-    let lock = super::lock_until(store, key, super::LockMode::Shared, notice, cancelled)?;
+    let lock = crate::snapshot::lock_until(
+        store,
+        key,
+        crate::snapshot::LockMode::Shared,
+        notice,
+        cancelled,
+    )?;
     let entry = match store.get(key) {
         Ok(Some(e)) => e,
         Ok(None) => return Ok(None),
         Err(e) => {
             drop(lock);
-            super::discard_broken(store, key, &e.to_string(), notice);
+            crate::snapshot::discard_broken(store, key, &e.to_string(), notice);
             return Ok(None);
         }
     };
@@ -237,7 +243,7 @@ fn lease_warm(
     // restored from it.)
     let Some(base) = entry.meta.base.clone() else {
         drop(lock);
-        super::discard_broken(store, key, "it has no base snapshot", notice);
+        crate::snapshot::discard_broken(store, key, "it has no base snapshot", notice);
         return Ok(None);
     };
     let ready = entry
@@ -249,19 +255,14 @@ fn lease_warm(
             store.touch(key);
             store.touch(&base);
             Ok(Some(WarmLease {
-                lease: Lease {
-                    entry,
-                    restore,
-                    golden: true,
-                    _lock: Some(lock),
-                },
+                lease: Lease::held(entry, restore, true, lock),
                 token,
                 created: false,
             }))
         }
         Err(why) => {
             drop(lock);
-            super::discard_broken(store, key, &why, notice);
+            crate::snapshot::discard_broken(store, key, &why, notice);
             Ok(None)
         }
     }
@@ -302,7 +303,7 @@ fn create(
     let base = ensure_golden_until(store, &spec.golden, opts, max_bytes, notice, cancelled)?;
     let token = new_token()?;
     // The creator reaches nothing: the runtime makes no request before its prompt.
-    let mut cfg = super::creator_config(&spec.golden, opts);
+    let mut cfg = crate::snapshot::creator_config(&spec.golden, opts);
     cfg.policy = spec.policy.clone();
     cfg.restore = Some(base.restore.clone());
     let t0 = Instant::now();
@@ -322,7 +323,7 @@ fn create(
     let stats = sb.snapshot_diff_to(staging.path(), &base.entry.dir, SNAPSHOT_TIMEOUT)?;
     let secret = sb.secret().clone();
     drop(sb);
-    let meta = super::Meta {
+    let meta = crate::snapshot::Meta {
         key: key.clone(),
         image_hash: spec.golden.image.hash.clone(),
         image_key: image_key(
@@ -345,7 +346,7 @@ fn create(
         pause_us: stats.pause.as_micros() as u64,
         state_bytes: stats.state_bytes,
         base: Some(base.entry.meta.key.clone()),
-        warm: Some(super::store::WarmMeta {
+        warm: Some(crate::snapshot::store::WarmMeta {
             runtime: spec.runtime().to_string(),
             provider: spec.provider.clone(),
             model: spec.model.clone(),
@@ -354,7 +355,7 @@ fn create(
             diff_bytes: stats.disk_bytes,
         }),
     };
-    super::store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
+    crate::snapshot::store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
     write_token(staging.path(), &token)?;
     drop(base);
     store.install(staging, &key).map_err(env)?;
