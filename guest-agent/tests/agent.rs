@@ -4,6 +4,8 @@
 //! in CI, so children really are dropped to uid/gid 1000.
 
 mod common;
+/// Held execs (a module of this binary, not a test binary of its own).
+mod held;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

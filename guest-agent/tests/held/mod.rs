@@ -2,11 +2,9 @@
 //! outlives the connection that started it, buffers its output (bounded), and a later
 //! connection attaches to it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use super::common::*;
 use voidbox_protocol::*;
 
 /// Holds `req` as `name` and expects the `Ack`.
