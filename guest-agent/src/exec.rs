@@ -404,20 +404,11 @@ pub fn run(
         }
     }
 
-    let mut out = OutputPump {
-        id: req.id,
-        seq: 0,
-        sink,
-        cap: policy.max_output_bytes,
-        sent: 0,
-        truncated: false,
-        broken: false,
-        slot: &slot,
-    };
+    let mut out = OutputPump::new(req.id, policy.max_output_bytes);
     let (stdout_bytes, stderr_bytes) = pump(
         &slot,
         [(out_r, OutputStream::Stdout), (err_r, OutputStream::Stderr)],
-        &mut |stream, data| out.emit(stream, data),
+        &mut |stream, data| out.emit(sink, &slot, stream, data),
     );
     let status = slot.wait();
     resp.stdout_bytes = stdout_bytes;
@@ -432,20 +423,40 @@ pub fn run(
     resp
 }
 
-/// Sends output chunks, enforcing the output cap.
-struct OutputPump<'a> {
+/// Sends an exec's output chunks (of an exec, or of a held exec's attach): one sequence per
+/// request, the output cap enforced.
+pub(crate) struct OutputPump {
     id: voidbox_protocol::RequestId,
     seq: u64,
-    sink: &'a dyn Sink,
     cap: Option<u64>,
     sent: u64,
-    truncated: bool,
+    /// Output beyond the cap was dropped.
+    pub(crate) truncated: bool,
     broken: bool,
-    slot: &'a Arc<ExitSlot>,
 }
 
-impl OutputPump<'_> {
-    fn emit(&mut self, stream: OutputStream, data: &[u8]) {
+impl OutputPump {
+    /// Output of request `id`, at most `cap` bytes.
+    pub(crate) fn new(id: voidbox_protocol::RequestId, cap: Option<u64>) -> OutputPump {
+        OutputPump {
+            id,
+            seq: 0,
+            cap,
+            sent: 0,
+            truncated: false,
+            broken: false,
+        }
+    }
+
+    /// Sends `data` to `sink`, within the cap; when nobody listens any more, the program's
+    /// process group (`slot`) is killed and later output dropped.
+    pub(crate) fn emit(
+        &mut self,
+        sink: &dyn Sink,
+        slot: &ExitSlot,
+        stream: OutputStream,
+        data: &[u8],
+    ) {
         if self.broken {
             return;
         }
@@ -468,10 +479,10 @@ impl OutputPump<'_> {
             seq: self.seq,
             data: data[..allowed].to_vec(),
         });
-        if self.sink.send(&msg).is_err() {
+        if sink.send(&msg).is_err() {
             // Nobody is listening any more: stop the program instead of running blind.
             self.broken = true;
-            self.slot.signal_group(libc::SIGKILL);
+            slot.signal_group(libc::SIGKILL);
             return;
         }
         self.seq += 1;

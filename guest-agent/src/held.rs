@@ -23,8 +23,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use voidbox_protocol::{
-    valid_held_name, ErrorCode, ExecOutputChunk, ExecResponse, HeldInfo, Message, OutputStream,
-    RequestId, HELD_BUFFER_BYTES, MAX_HELD, OUTPUT_CHUNK_SIZE,
+    valid_held_name, ErrorCode, ExecResponse, HeldInfo, Message, OutputStream, RequestId,
+    HELD_BUFFER_BYTES, MAX_HELD, OUTPUT_CHUNK_SIZE,
 };
 
 use crate::exec::{self, ActiveGuard, Command, Sink, StdinChunk, StdinSource};
@@ -206,11 +206,7 @@ struct Ended {
 pub struct Attachment {
     id: RequestId,
     sink: Arc<dyn Sink>,
-    seq: u64,
-    cap: Option<u64>,
-    sent: u64,
-    truncated: bool,
-    broken: bool,
+    out: crate::exec::OutputPump,
     since: Instant,
     /// Run once the process ended, before its `ExecResponse` is sent.
     on_done: Option<Box<dyn FnOnce() + Send>>,
@@ -228,47 +224,14 @@ impl Attachment {
         Attachment {
             id,
             sink,
-            seq: 0,
-            cap,
-            sent: 0,
-            truncated: false,
-            broken: false,
+            out: crate::exec::OutputPump::new(id, cap),
             since: Instant::now(),
             on_done: Some(on_done),
         }
     }
 
     fn emit(&mut self, stream: OutputStream, data: &[u8], slot: &ExitSlot) {
-        if self.broken {
-            return;
-        }
-        let allowed = match self.cap {
-            Some(cap) => {
-                let room = cap.saturating_sub(self.sent);
-                if (data.len() as u64) > room {
-                    self.truncated = true;
-                }
-                usize::try_from(room).unwrap_or(usize::MAX).min(data.len())
-            }
-            None => data.len(),
-        };
-        if allowed == 0 {
-            return;
-        }
-        let msg = Message::ExecOutputChunk(ExecOutputChunk {
-            id: self.id,
-            stream,
-            seq: self.seq,
-            data: data[..allowed].to_vec(),
-        });
-        if self.sink.send(&msg).is_err() {
-            // The attaching connection is gone: like an exec, stop the program.
-            self.broken = true;
-            slot.signal_group(libc::SIGKILL);
-            return;
-        }
-        self.seq += 1;
-        self.sent += allowed as u64;
+        self.out.emit(&*self.sink, slot, stream, data);
     }
 
     /// Sends the final `ExecResponse` (after `on_done`).
@@ -282,7 +245,7 @@ impl Attachment {
             duration_ms: self.since.elapsed().as_millis() as u64,
             stdout_bytes: ended.stdout_bytes,
             stderr_bytes: ended.stderr_bytes,
-            output_truncated: self.truncated,
+            output_truncated: self.out.truncated,
             ..Default::default()
         };
         match ended.status {
