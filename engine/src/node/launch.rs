@@ -199,7 +199,7 @@ pub fn launch(
         }),
         Runtime::ClaudeCode => {
             let gw = need_gateway()?;
-            let mut args = vec![
+            let args = vec![
                 "-p".to_string(),
                 agent.prompt.clone(),
                 "--output-format".into(),
@@ -209,23 +209,9 @@ pub fn launch(
                 // 1000, which Claude Code requires for this flag).
                 "--dangerously-skip-permissions".into(),
             ];
-            if let Some(m) = &endpoint.model {
-                args.extend(["--model".into(), m.clone()]);
-            }
-            let mut files = vec![GuestFile {
-                path: format!("{HOME}/.claude.json"),
-                // Onboarding answered; Claude Code rewrites this file as it runs.
-                data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
-                mode: 0o600,
-            }];
-            claude_mcp(agent, &mut args, &mut files);
+            let (request, files) = claude_headless(agent, endpoint, gw, args, base);
             Ok(Launch {
-                request: ExecRequest {
-                    program: crate::runtimes::CLAUDE_BIN.into(),
-                    args,
-                    env: claude_env(gw),
-                    ..base
-                },
+                request,
                 files,
                 format: Format::ClaudeStreamJson,
                 layout: crate::kit::Layout::of(runtime),
@@ -350,6 +336,34 @@ pub fn launch_interactive(
 /// Why an agent on the mock runtime cannot be opened interactively.
 pub const MOCK_NOT_INTERACTIVE: &str =
     "the mock runtime (`provider: mock`) has no interactive mode: it only answers a task's prompt";
+
+/// Claude Code run headless with `args` (its mode flags): the model, the onboarding answered
+/// in `~/.claude.json` (Claude Code rewrites it as it runs), the MCP servers, the gateway
+/// environment, on top of `base`.
+pub(crate) fn claude_headless(
+    agent: &AgentAction,
+    endpoint: &Endpoint,
+    gw: &GatewayAccess,
+    mut args: Vec<String>,
+    base: ExecRequest,
+) -> (ExecRequest, Vec<GuestFile>) {
+    if let Some(m) = &endpoint.model {
+        args.extend(["--model".into(), m.clone()]);
+    }
+    let mut files = vec![GuestFile {
+        path: format!("{HOME}/.claude.json"),
+        data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
+        mode: 0o600,
+    }];
+    claude_mcp(agent, &mut args, &mut files);
+    let request = ExecRequest {
+        program: crate::runtimes::CLAUDE_BIN.into(),
+        args,
+        env: claude_env(gw),
+        ..base
+    };
+    (request, files)
+}
 
 /// Claude Code's environment: the gateway, bash for its Bash tool, no traffic of its own.
 pub(crate) fn claude_env(gw: &GatewayAccess) -> Vec<(String, String)> {

@@ -25,8 +25,8 @@ use voidbox_protocol::ExecRequest;
 
 use super::agent::GuestFile;
 use super::launch::{
-    claude_env, claude_mcp, codex_config, codex_config_file, codex_env, mcp_servers, GatewayAccess,
-    HOME, WORKDIR,
+    claude_headless, codex_config, codex_config_file, codex_env, mcp_servers, GatewayAccess,
+    WORKDIR,
 };
 use crate::agent_output::Format;
 use crate::kit::Layout;
@@ -108,7 +108,7 @@ pub fn warm_launch(
     match runtime {
         Runtime::Mock => Err(ColdReason(MOCK_COLD.into())),
         Runtime::ClaudeCode => {
-            let mut args: Vec<String> = [
+            let args: Vec<String> = [
                 "-p",
                 "--input-format",
                 "stream-json",
@@ -119,22 +119,9 @@ pub fn warm_launch(
             ]
             .map(String::from)
             .into();
-            if let Some(m) = &endpoint.model {
-                args.extend(["--model".into(), m.clone()]);
-            }
-            let mut files = vec![GuestFile {
-                path: format!("{HOME}/.claude.json"),
-                data: br#"{"hasCompletedOnboarding":true}"#.to_vec(),
-                mode: 0o600,
-            }];
-            claude_mcp(agent, &mut args, &mut files);
+            let (request, files) = claude_headless(agent, endpoint, gw, args, base);
             Ok(WarmLaunch {
-                request: ExecRequest {
-                    program: crate::runtimes::CLAUDE_BIN.into(),
-                    args,
-                    env: claude_env(gw),
-                    ..base
-                },
+                request,
                 files,
                 format: Format::ClaudeStreamJson,
                 layout: Layout::of(runtime),

@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::node::launch::HOME;
 use voidbox_llm_script::{Script, Server, Turn, Usage};
 
 use super::*;
