@@ -19,6 +19,9 @@
 #                   hangs fails its check while the L1 lives on
 #   TCG_L1_LOG      where the console log goes (default: console.log in the work directory)
 #   TCG_L1_KEEP=1   keep the work directory (initramfs, /init) for inspection
+#   TCG_L1_LAYERED_PROBE=PATH  the layered-probe binary (tests/src/bin/layered-probe.rs):
+#                   adds the check `layered`, a layered (diff) snapshot over a golden base
+#                   made, restored and refused when corrupt, through the voidbox library
 #   TCG_L1_SMP      the L1's vCPUs (default 1: with 2, an L1 hang or an L2 triple fault came
 #                   in 2 of 5 sessions on a 2-core host; with 1, none in 10)
 #   TCG_L1_BENCH=N  instead of the checks, the cold-boot comparison (BENCHMARKS.md): N rounds,
@@ -43,7 +46,8 @@
 #
 # In L1, /init runs each check and prints `CHECK <name> PASS <secs>s` or
 # `CHECK <name> FAIL <secs>s <detail>`, then `ALL DONE`, and powers off. Checks: probe, doctor,
-# cold, snapshot-create, snapshot-restore, network, apply. The console is unbuffered (tee).
+# cold, snapshot-create, snapshot-restore, layered (with TCG_L1_LAYERED_PROBE), network,
+# apply. The console is unbuffered (tee).
 #
 # Exit status: 0 every check passed; 1 a check failed (voidbox's fault); 3 the L1 session
 # broke (an L1 kernel oops/panic, or the timeout or no `ALL DONE` without a failed check);
@@ -51,7 +55,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '9,23p' "$0" >&2
+  sed -n '9,26p' "$0" >&2
   exit 2
 }
 [ "$#" -ge 2 ] && [ "$#" -le 3 ] || usage
@@ -73,6 +77,11 @@ for tool in qemu-system-x86_64:qemu-system-x86 cpio:cpio strip:binutils \
   command -v "$bin" >/dev/null 2>&1 || die "$bin missing: apt-get install -y ${tool#*:}"
 done
 [ -x "$voidbox" ] || die "$1: not an executable"
+layered_probe="${TCG_L1_LAYERED_PROBE:-}"
+if [ -n "$layered_probe" ]; then
+  layered_probe="$(realpath "$layered_probe")"
+  [ -x "$layered_probe" ] || die "TCG_L1_LAYERED_PROBE=$TCG_L1_LAYERED_PROBE: not an executable"
+fi
 [ -f "$spec" ] || die "$spec: no such spec"
 grep -q '"profile": *"plain"' "$image/manifest.json" 2>/dev/null ||
   die "$2: not a plain guest image (build one: voidbox image build --profile plain --no-runtimes)"
@@ -138,7 +147,9 @@ cp /bin/busybox "$root/bin/busybox"
 strip --strip-all -o "$root/bin/voidbox" "$voidbox"
 cp /usr/sbin/dnsmasq "$root/usr/sbin/dnsmasq"
 # Shared libraries of the dynamic programs, at the paths the loader looks for them.
-for lib in $( (ldd "$voidbox" && ldd /usr/sbin/dnsmasq) | grep -o '/[^ ]*' | sort -u); do
+if [ -n "$layered_probe" ]; then strip --strip-all -o "$root/bin/layered-probe" "$layered_probe"; fi
+for lib in $( (ldd "$voidbox" && ldd /usr/sbin/dnsmasq && if [ -n "$layered_probe" ]; then ldd "$layered_probe"; fi) |
+  grep -o '/[^ ]*' | sort -u); do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
@@ -288,6 +299,15 @@ if [ "$RC" = 0 ] && [ "$(cat /tmp/out)" = snap-ok ] && ! grep -Eq 'golden snapsh
   [ "$(grep -Ec '^[0-9a-f]{12} ' /tmp/ls)" = 1 ] && ok=0
 fi
 verdict snapshot-restore $ok "no snap-ok, a cold boot or a new snapshot instead of a restore"
+
+# A layered snapshot (TCG_L1_LAYERED_PROBE): a golden base, a marker written in a restore of
+# it, a diff over the base; base + diff restored in a new VM has the marker, the base alone
+# not; a corrupt diff and one without its base are refused (tests/src/bin/layered-probe.rs).
+if [ -x /bin/layered-probe ]; then
+  run layered-probe /bin/voidbox
+  [ "$RC" = 0 ] && has '^layered-probe: ok$' /tmp/out
+  verdict layered $? "$(grep -m1 'FAILED' /tmp/out | head -c 400)"
+fi
 
 # The network: the NAT's gateway reaches this L1's loopback (an allowed host port) and the
 # NAT's DNS forwards to a dnsmasq on this L1, which alone knows tcg.test (a public address:

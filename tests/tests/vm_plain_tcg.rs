@@ -4,6 +4,8 @@
 //! `/dev/kvm` is "hardware" to voidbox, which boots the plain image (L2).
 //! `scripts/tcg-l1.sh` builds the L1's initramfs and runs the session; inside L1 it checks
 //! the probe (hardware → plain), `doctor`, a cold `run`, a golden snapshot made and restored,
+//! a layered (diff) snapshot over a golden base made, restored in a new VM and refused when
+//! corrupt or without its base (`tests/src/bin/layered-probe.rs`, through the library),
 //! `run --network` (the NAT's gateway to an L1 port, its DNS through a resolver on L1) and
 //! `apply examples/fan-out.yaml` with its merged output.
 //!
@@ -22,14 +24,17 @@ use voidbox::image::{build::recipe_matches, Cache, Profile};
 use voidbox_tests::repo_root;
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
+/// The layered-snapshot probe the L1 runs as its `layered` check.
+const LAYERED_PROBE: &str = env!("CARGO_BIN_EXE_layered-probe");
 
 /// The checks `/init` runs, in order.
-const CHECKS: [&str; 7] = [
+const CHECKS: [&str; 8] = [
     "probe",
     "doctor",
     "cold",
     "snapshot-create",
     "snapshot-restore",
+    "layered",
     "network",
     "apply",
 ];
@@ -187,6 +192,7 @@ fn session(image: &Path) -> Session {
         .env("TCG_L1_TIMEOUT", SESSION_LIMIT_S.to_string())
         .env("TCG_L1_CHECK_TIMEOUT", CHECK_LIMIT_S.to_string())
         .env("TCG_L1_LOG", &log)
+        .env("TCG_L1_LAYERED_PROBE", LAYERED_PROBE)
         .output()
         .expect("running scripts/tcg-l1.sh");
     let wall = started.elapsed();
@@ -246,6 +252,13 @@ fn plain_image_boots_under_emulated_svm() {
                 );
                 for c in CHECKS {
                     eprintln!("  {c:<17} {:>6.2} s", times[c]);
+                }
+                // the probe's steps, as `run` in /init quoted them
+                for l in s.console.lines() {
+                    if let Some(step) = l.trim_end_matches('\r').strip_prefix("  | layered-probe: ")
+                    {
+                        eprintln!("    layered {step}");
+                    }
                 }
                 return;
             }
