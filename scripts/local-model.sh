@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A reproducible local model server for CI and the README example: llama.cpp's `llama-server`
+# A reproducible local model server for CI and the docs/agents.md example: llama.cpp's `llama-server`
 # serving Gemma 3 270M (Q4_K_M GGUF) on loopback, speaking both the Anthropic Messages API
 # (`/v1/messages`, for Claude Code) and the OpenAI Responses API (`/v1/responses`, for Codex).
 #

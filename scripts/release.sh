@@ -4,7 +4,7 @@
 #   voidbox-VERSION-x86_64-linux/
 #     bin/voidbox                     the CLI (stripped)
 #     bin/voidbox-vmm                 the standalone VMM the CLI starts VMs with (same build,
-#                                     checked at every launch; see the README's "Standalone VMM")
+#                                     checked at every launch; see docs/cli.md, "Standalone VMM")
 #     bin/voidbox-guest-agent         the static guest agent (PID 1 of every VM; what
 #                                     `voidbox image build` puts on a system disk)
 #     bin/voidbox-mock-llm            the offline mock agent runtime built beside it
@@ -12,7 +12,7 @@
 #                                     KVM; compat: KVM that emulates guest kernel mode), each
 #                                     with its manifest.json; voidbox boots them from here after
 #                                     re-hashing them against it, so no kernel is compiled
-#     share/doc/voidbox/              README.md, BENCHMARKS.md, LICENSE (Apache-2.0),
+#     share/doc/voidbox/              README.md, CHANGELOG.md, docs/, BENCHMARKS.md, LICENSE (Apache-2.0),
 #                                     THIRD-PARTY.md (every Rust crate linked, with its license),
 #                                     licenses/GPL-2 (the guest's Linux kernel and busybox)
 #
@@ -63,7 +63,7 @@ done
 
 echo "==> documents and licenses" >&2
 doc="$stage/share/doc/voidbox"
-cp README.md BENCHMARKS.md LICENSE "$doc/"
+cp -r README.md CHANGELOG.md docs BENCHMARKS.md LICENSE "$doc/"
 cp /usr/share/common-licenses/GPL-2 "$doc/licenses/GPL-2"
 cargo metadata --format-version 1 --locked --filter-platform x86_64-unknown-linux-gnu \
   | python3 scripts/third_party.py >"$doc/THIRD-PARTY.md"

@@ -43,7 +43,7 @@ echo "==> Arize Phoenix (OTLP receiver for the observability tests)"
 apt_install python3-venv
 ./scripts/phoenix.sh install
 
-# maturin, twine, auditwheel (the wheel) and actionlint (the README's workflow), pinned.
+# maturin, twine, auditwheel (the wheel) and actionlint (docs/install.md's workflow), pinned.
 echo "==> packaging tools"
 ./scripts/wheel.sh --tools-only
 

@@ -4,7 +4,7 @@
 # dist/wheel-data, then checks it with `twine check` and `auditwheel show`. Prints its path.
 # `--tools-only` installs the tools below and stops.
 # maturin, twine, auditwheel and wheel are installed pinned into a venv under ~/.cache/voidbox
-# (with actionlint and pre-commit, which check the README's GitHub Actions workflow and the
+# (with actionlint and pre-commit, which check docs/install.md's GitHub Actions workflow and the
 # pre-commit hook in the tests, and check-jsonschema, hera and PyYAML, which check what
 # `voidbox export` writes against the engines' own schemas and models).
 #

@@ -419,7 +419,7 @@ fn validate_skips_yaml_that_is_not_a_spec() {
     );
 }
 
-/// The README's pre-commit snippet, run by the real `pre-commit` against this repository's
+/// The pre-commit snippet of docs/cli.md, run by the real `pre-commit` against this repository's
 /// hook definition: it passes in a repository whose other YAML is not voidbox's, and fails on
 /// an invalid spec.
 #[test]
@@ -624,10 +624,12 @@ fn help_and_readme_say_what_voidbox_does() {
     let r = run_fixture(home.path(), &["--help"]);
     assert!(!r.stdout.contains("initramfs"), "{}", r.stdout);
     assert!(r.stdout.contains("kernel + system disk"), "{}", r.stdout);
-    // Every `$ voidbox graph …` sample in the README is the real output.
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    // Every `$ voidbox graph …` sample in the README and docs/cli.md is the real output.
+    let docs = ["README.md", "docs/cli.md"]
+        .map(|f| std::fs::read_to_string(repo_root().join(f)).expect(f))
+        .join("\n");
     let mut samples = 0;
-    for block in readme.split("```text\n").skip(1) {
+    for block in docs.split("```text\n").skip(1) {
         let block = block.split("```").next().unwrap_or_default();
         let Some(cmd) = block
             .lines()
@@ -640,14 +642,20 @@ fn help_and_readme_say_what_voidbox_does() {
         let mut args = vec!["graph"];
         args.extend(cmd.split_whitespace());
         let r = run_fixture(home.path(), &args);
-        assert_eq!(r.stdout, expected, "README sample `voidbox graph {cmd}`");
+        assert_eq!(
+            r.stdout, expected,
+            "documented sample `voidbox graph {cmd}`"
+        );
         samples += 1;
     }
-    assert!(samples > 0, "no `$ voidbox graph` sample in the README");
+    assert!(
+        samples > 1,
+        "a `$ voidbox graph` sample is missing from README.md or docs/cli.md"
+    );
 }
 
-/// The Quick start's first step leaves a `voidbox` on PATH for every command after it: its
-/// build line is the one `scripts/test.sh` runs before the suite (so the binary is there),
+/// The Quick start for contributors (its ```sh block with the build line) leaves a `voidbox`
+/// on PATH for every command after it: its build line is the one `scripts/test.sh` runs before the suite (so the binary is there),
 /// and its other lines up to the first `voidbox` command, run by bash in the repository,
 /// make `voidbox` resolve to that binary.
 #[test]
@@ -657,9 +665,13 @@ fn the_quick_start_reaches_a_voidbox_command() {
     let quick = readme
         .split("## Quick start")
         .nth(1)
-        .and_then(|s| s.split("```sh\n").nth(1))
-        .and_then(|s| s.split("```").next())
-        .expect("a ```sh block in the Quick start");
+        .and_then(|s| {
+            s.split("```sh\n")
+                .skip(1)
+                .filter_map(|b| b.split("```").next())
+                .find(|b| b.lines().any(|l| l == BUILD))
+        })
+        .expect("a ```sh block with the build line in the Quick start");
     assert!(
         quick
             .lines()
@@ -702,4 +714,143 @@ fn the_quick_start_reaches_a_voidbox_command() {
         r.stdout
     );
     assert!(r.stdout.contains("voidbox 0."), "{}", r.stdout);
+}
+
+/// GitHub's anchor for a heading: lower case, every character but letters, digits, `-`, `_`
+/// and spaces dropped, spaces turned into `-`.
+fn github_slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a markdown file's headings (outside code blocks), duplicates numbered as
+/// GitHub numbers them (`x`, `x-1`, …).
+fn markdown_anchors(text: &str) -> std::collections::HashSet<String> {
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    let mut fence = false;
+    let mut anchors = std::collections::HashSet::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        let heading = line.trim_start_matches('#');
+        if fence || heading.len() == line.len() || line.len() - heading.len() > 6 {
+            continue;
+        }
+        let Some(heading) = heading.strip_prefix(' ') else {
+            continue;
+        };
+        let slug = github_slug(heading);
+        let n = seen.entry(slug.clone()).or_insert(0);
+        anchors.insert(if *n == 0 { slug } else { format!("{slug}-{n}") });
+        *n += 1;
+    }
+    anchors
+}
+
+/// Every relative link (`](path)`, `](path#anchor)`, `](#anchor)`) of the markdown files,
+/// outside code blocks and code spans, that names no file, or no heading of a markdown file:
+/// `FILE:LINE: TARGET: why`, FILE relative to `root`.
+fn broken_links(root: &Path, files: &[std::path::PathBuf]) -> Vec<String> {
+    let mut broken = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let mut fence = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                fence = !fence;
+                continue;
+            }
+            if fence {
+                continue;
+            }
+            let prose: String = line.split('`').step_by(2).collect();
+            for (at, _) in prose.match_indices("](") {
+                let rest = &prose[at + 2..];
+                let Some(target) = rest.split(')').next() else {
+                    continue;
+                };
+                if target.is_empty()
+                    || target.contains(char::is_whitespace)
+                    || target.contains("://")
+                    || target.starts_with("mailto:")
+                {
+                    continue;
+                }
+                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let dest = if path.is_empty() {
+                    file.clone()
+                } else {
+                    file.parent().unwrap_or(root).join(path)
+                };
+                let why = if !dest.exists() {
+                    Some("no such file")
+                } else if !anchor.is_empty()
+                    && dest.extension().is_some_and(|e| e == "md")
+                    && !markdown_anchors(&std::fs::read_to_string(&dest).unwrap_or_default())
+                        .contains(anchor)
+                {
+                    Some("no such heading")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    broken.push(format!("{shown}:{}: {target}: {why}", n + 1));
+                }
+            }
+        }
+    }
+    broken
+}
+
+/// Every markdown file under `dir`, recursively.
+fn markdown_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir:?}: {e}")) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            markdown_under(&path, out);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every relative link and `#anchor` in README.md, CHANGELOG.md and docs/ resolves (GitHub's
+/// heading anchors), and the check itself finds a missing file and a missing heading.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let root = repo_root();
+    let mut files = vec![root.join("README.md"), root.join("CHANGELOG.md")];
+    markdown_under(&root.join("docs"), &mut files);
+    assert!(files.len() > 5, "{files:?}");
+    let broken = broken_links(&root, &files);
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_file(
+        dir.path(),
+        "a.md",
+        "# A\n## `voidbox lsp` — the editor\n[ok](#voidbox-lsp--the-editor) [ok](b.md#b-1)\n\
+         [x](b.md#nope) `[code](gone.md)` [y](gone.md)\n```\n[z](gone.md)\n```\n",
+    );
+    write_file(dir.path(), "b.md", "# B\n# B\n");
+    let files = [dir.path().join("a.md"), dir.path().join("b.md")];
+    assert_eq!(
+        broken_links(dir.path(), &files),
+        [
+            "a.md:4: b.md#nope: no such heading",
+            "a.md:4: gone.md: no such file"
+        ]
+    );
 }

@@ -396,7 +396,7 @@ fn node_runner_usage_errors_stop_before_any_vm() {
     );
 }
 
-/// The exports of `examples/fan-out.yaml` in `docs/scale-out/` (the README shows them) are
+/// The exports of `examples/fan-out.yaml` in `docs/scale-out/` (docs/scale-out.md shows them) are
 /// what `voidbox export` writes today.
 #[test]
 fn the_documented_exports_are_current() {

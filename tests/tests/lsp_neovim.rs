@@ -1,5 +1,5 @@
-//! `voidbox lsp` in a real editor: Neovim (Debian's, headless) with the README's own setup
-//! snippet as its `ftplugin/yaml.lua` (taken from README.md, so the two cannot drift apart)
+//! `voidbox lsp` in a real editor: Neovim (Debian's, headless) with the documented setup
+//! snippet as its `ftplugin/yaml.lua` (taken from docs/cli.md, so the two cannot drift apart)
 //! opens an invalid spec. The snippet must attach the server to the buffer by itself (on
 //! Neovim 0.7 `vim.lsp.start_client` alone never does). The editor then reports what it
 //! received — the diagnostics, a hover, a definition jump, and the diagnostics after
@@ -28,7 +28,7 @@ pipeline:
     - {type: box, name: count}
 ";
 
-/// The editor's side, after the README's snippet ran as the yaml ftplugin: wait for the
+/// The editor's side, after the documented snippet ran as the yaml ftplugin: wait for the
 /// voidbox client to be attached and for diagnostics, ask for a hover on `program` (line 6)
 /// and a definition of the stage's `count` (line 12), then edit the buffer (incremental
 /// sync: Neovim sends UTF-16 ranges) and record the diagnostics after each edit; write it all
@@ -49,7 +49,7 @@ local ok, err = pcall(function()
   end
   local id
   assert(vim.wait(10000, function() id = attached(buf); return id ~= nil end, 50),
-    'the README snippet attached no voidbox client to the buffer')
+    'the documented snippet attached no voidbox client to the buffer')
   assert(vim.wait(30000, function() return #vim.diagnostic.get(buf) > 0 end, 50),
     'no diagnostics within 30 s')
   local uri = vim.uri_from_bufnr(buf)
@@ -103,15 +103,15 @@ end
 vim.cmd('qall!')
 "#;
 
-/// The README's Neovim setup: the `lua` block of its `voidbox lsp` section.
+/// The documented Neovim setup: the `lua` block of the `voidbox lsp` section of docs/cli.md.
 fn readme_snippet() -> String {
-    let readme =
-        std::fs::read_to_string(voidbox_tests::repo_root().join("README.md")).expect("README.md");
-    let section = readme
-        .split("\n### `voidbox lsp`")
+    let doc = std::fs::read_to_string(voidbox_tests::repo_root().join("docs/cli.md"))
+        .expect("docs/cli.md");
+    let section = doc
+        .split("\n## `voidbox lsp`")
         .nth(1)
-        .expect("README has a `voidbox lsp` section");
-    let section = section.split("\n### ").next().unwrap_or(section);
+        .expect("docs/cli.md has a `voidbox lsp` section");
+    let section = section.split("\n## ").next().unwrap_or(section);
     let block = section
         .split("```lua\n")
         .nth(1)
@@ -139,7 +139,7 @@ fn the_readme_s_neovim_setup_attaches_and_gets_diagnostics_hover_definition_and_
     let spec = voidbox_tests::write_file(dir.path(), "p.yaml", SPEC);
     let second = voidbox_tests::write_file(dir.path(), "q.yaml", SPEC);
     let script = voidbox_tests::write_file(dir.path(), "lsp.lua", SCRIPT);
-    // The README's snippet as the user's ftplugin, running `voidbox` from PATH.
+    // The documented snippet as the user's ftplugin, running `voidbox` from PATH.
     let config = dir.path().join("config");
     let ftplugin = config.join("nvim/ftplugin");
     std::fs::create_dir_all(&ftplugin).unwrap();

@@ -1,4 +1,4 @@
-//! The GitHub Actions workflow in the README's "In GitHub Actions" section is one a user can
+//! The GitHub Actions workflow in docs/install.md's "In GitHub Actions" section is one a user can
 //! paste: actionlint (pinned in the wheel tools' venv, which scripts/wheel.sh makes) finds
 //! nothing wrong with it — syntax, expressions, step outputs, shell scripts and action
 //! versions included.
@@ -9,10 +9,10 @@ use voidbox_tests::repo_root;
 
 /// The first ```yaml block after the section heading.
 fn readme_workflow() -> String {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let section = readme
-        .split_once("### In GitHub Actions")
-        .expect("README has an \"In GitHub Actions\" section")
+    let doc = std::fs::read_to_string(repo_root().join("docs/install.md")).expect("install.md");
+    let section = doc
+        .split_once("\n## In GitHub Actions")
+        .expect("docs/install.md has an \"In GitHub Actions\" section")
         .1;
     let block = section
         .split_once("```yaml\n")
@@ -42,7 +42,7 @@ fn the_readme_github_actions_workflow_passes_actionlint() {
         .expect("run actionlint");
     assert!(
         out.status.success(),
-        "actionlint rejects the README's workflow:\n{}{}",
+        "actionlint rejects the workflow of docs/install.md:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

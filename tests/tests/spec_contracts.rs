@@ -248,3 +248,270 @@ fn run_and_snapshot_create_use_the_spec_limits_and_one_default() {
         assert!(mem.contains("[default: 256]"), "{cmd:?}: {mem}");
     }
 }
+
+/// Where docs/spec.md states a default: in the `default` column of the table under a heading
+/// (the row whose first cell names the field), or in a phrase, `{}` standing for the value.
+enum Stated {
+    Row(&'static str),
+    Phrase(&'static str),
+    /// An object default: each of its fields is the default of that field in this table.
+    Fields(&'static str),
+}
+
+/// Every default docs/spec.md states, by schema object (`#` for the top level, else a
+/// `$defs` name) and field. Each field with a `default` in the schema must be here.
+const STATED: &[(&str, &str, Stated)] = &[
+    ("#", "api_version", Stated::Row("Top level")),
+    ("#", "on_failure", Stated::Row("Top level")),
+    ("#", "timeout_secs", Stated::Row("Top level")),
+    ("#", "sandbox", Stated::Fields("sandbox")),
+    ("Sandbox", "mode", Stated::Row("sandbox")),
+    ("Sandbox", "memory_mb", Stated::Row("sandbox")),
+    ("Sandbox", "vcpus", Stated::Row("sandbox")),
+    ("Sandbox", "network", Stated::Row("sandbox")),
+    ("NetworkPolicy", "max_connections", Stated::Row("Network")),
+    (
+        "NetworkPolicy",
+        "connections_per_second",
+        Stated::Row("Network"),
+    ),
+    ("ResourceLimits", "nofile", Stated::Row("Guest policy")),
+    ("ResourceLimits", "nproc", Stated::Row("Guest policy")),
+    ("ResourceLimits", "fsize_mb", Stated::Row("Guest policy")),
+    (
+        "ResourceLimits",
+        "address_space_mb",
+        Stated::Row("Guest policy"),
+    ),
+    (
+        "Mount",
+        "mode",
+        Stated::Phrase("a mount `mode` defaults to `{}`"),
+    ),
+    (
+        "Agent",
+        "mode",
+        Stated::Phrase("`mode: task|service|interactive` (default `{}`"),
+    ),
+    (
+        "OciSkill",
+        "readonly",
+        Stated::Phrase("`readonly` default `{}`"),
+    ),
+    (
+        "Messaging",
+        "enabled",
+        Stated::Phrase("(`enabled` default `{}`)"),
+    ),
+    (
+        "BoxOutput",
+        "guest",
+        Stated::Phrase("`outputs: [{name, guest}]` (`guest` defaults to `{}`)"),
+    ),
+    (
+        "BoxInput",
+        "guest",
+        Stated::Phrase("`inputs: [{from, guest}]` (`guest` defaults to `{}`)"),
+    ),
+    (
+        "Agent",
+        "timeout_secs",
+        Stated::Phrase("**default node timeout, {} s**"),
+    ),
+    (
+        "PipelineBox",
+        "timeout_secs",
+        Stated::Phrase("**default node timeout, {} s**"),
+    ),
+    (
+        "Step",
+        "timeout_secs",
+        Stated::Phrase("**default node timeout, {} s**"),
+    ),
+    (
+        "PipelineBox",
+        "ready_timeout_secs",
+        Stated::Phrase("`ready_timeout_secs` (1..=86400, default {} s)"),
+    ),
+    (
+        "Step",
+        "ready_timeout_secs",
+        Stated::Phrase("`ready_timeout_secs` (1..=86400, default {} s)"),
+    ),
+];
+
+/// A schema field's default as the docs write it: its `default` keyword (a string unquoted),
+/// else the one its description states (`none by default`, `Default: unlimited`, or the first
+/// number after "default").
+fn schema_default(field: &serde_json::Value) -> Option<String> {
+    if let Some(d) = field.get("default") {
+        return Some(d.as_str().map_or_else(|| d.to_string(), str::to_string));
+    }
+    let desc = field["description"].as_str()?.replace('\n', " ");
+    if desc.contains("none by default") {
+        return Some("none".into());
+    }
+    let after = &desc[desc.find("default").or_else(|| desc.find("Default"))?..];
+    if after.split_whitespace().nth(1) == Some("unlimited") {
+        return Some("unlimited".into());
+    }
+    let number: String = after
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    (!number.is_empty()).then_some(number)
+}
+
+/// The `default` cell of each row of the tables under each heading of a markdown text:
+/// `(heading, field, default)`, the field each name in backticks in the row's first cell, the
+/// default the cell's first word without backticks.
+fn table_defaults(doc: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let (mut heading, mut column, mut fence) = (String::new(), None, false);
+    for line in doc.lines() {
+        let line = line.trim();
+        if line.starts_with("```") {
+            fence = !fence;
+        }
+        if fence {
+            continue;
+        }
+        if let Some(h) = line.strip_prefix('#') {
+            heading = h.trim_start_matches('#').trim().to_string();
+            column = None;
+        }
+        if !line.starts_with('|') {
+            column = None;
+            continue;
+        }
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let Some(at) = column else {
+            column = cells.iter().position(|c| *c == "default");
+            continue;
+        };
+        let Some(value) = cells.get(at).and_then(|c| c.split_whitespace().next()) else {
+            continue;
+        };
+        for name in cells[0].split('`').skip(1).step_by(2) {
+            out.push((heading.clone(), name.to_string(), value.replace('`', "")));
+        }
+    }
+    out
+}
+
+/// Each place where `doc` states a schema default with another value, or does not state it:
+/// one line per field.
+fn wrong_defaults(schema: &serde_json::Value, doc: &str) -> Vec<String> {
+    let rows = table_defaults(doc);
+    let prose = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let row = |heading: &str, field: &str| {
+        rows.iter()
+            .find(|(h, f, _)| h == heading && f == field)
+            .map(|(_, _, v)| v.clone())
+    };
+    let object = |name: &str| {
+        if name == "#" {
+            schema
+        } else {
+            &schema["$defs"][name]
+        }
+    };
+    let mut wrong = Vec::new();
+    for (obj, field, stated) in STATED {
+        let def = &object(obj)["properties"][field];
+        let Some(want) = schema_default(def) else {
+            wrong.push(format!("{obj}.{field}: the schema states no default"));
+            continue;
+        };
+        match stated {
+            Stated::Row(heading) => {
+                if row(heading, field).as_deref() != Some(&want) {
+                    wrong.push(format!(
+                        "{obj}.{field}: docs/spec.md's table under `{heading}` says {:?}, the schema {want}",
+                        row(heading, field)
+                    ));
+                }
+            }
+            Stated::Phrase(phrase) => {
+                let phrase = phrase.replace("{}", &want);
+                if !prose.contains(&phrase) {
+                    wrong.push(format!(
+                        "{obj}.{field}: docs/spec.md does not say \"{phrase}\""
+                    ));
+                }
+            }
+            Stated::Fields(heading) => {
+                for (k, v) in def["default"].as_object().into_iter().flatten() {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                    if row(heading, k).as_deref() != Some(&v) {
+                        wrong.push(format!(
+                            "{obj}.{field}.{k}: docs/spec.md says {:?}, the schema {v}",
+                            row(heading, k)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    wrong
+}
+
+/// The defaults docs/spec.md states are the schema's (`schemas/voidbox.schema.json`, which
+/// another test keeps equal to `voidbox schema`): `memory_mb`, `vcpus`, the timeouts and every
+/// field the schema gives a `default`; a changed value in the doc is caught.
+#[test]
+fn the_documented_defaults_are_the_schemas() {
+    let root = voidbox_tests::repo_root();
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("schemas/voidbox.schema.json")).expect("schema"),
+    )
+    .expect("schema JSON");
+    let doc = std::fs::read_to_string(root.join("docs/spec.md")).expect("docs/spec.md");
+    let wrong = wrong_defaults(&schema, &doc);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // Every field with a `default` keyword is checked.
+    let mut objects = vec![("#".to_string(), &schema)];
+    objects.extend(
+        schema["$defs"]
+            .as_object()
+            .expect("$defs")
+            .iter()
+            .map(|(k, v)| (k.clone(), v)),
+    );
+    for (obj, def) in objects {
+        for (field, f) in def["properties"].as_object().into_iter().flatten() {
+            if f.get("default").is_some() {
+                assert!(
+                    STATED.iter().any(|(o, n, _)| *o == obj && n == field),
+                    "{obj}.{field} has a default in the schema that no test compares with docs/spec.md"
+                );
+            }
+        }
+    }
+    for (field, required) in [
+        ("memory_mb", "Sandbox"),
+        ("vcpus", "Sandbox"),
+        ("timeout_secs", "#"),
+    ] {
+        assert!(
+            STATED.iter().any(|(o, n, _)| *o == required && *n == field),
+            "{field}"
+        );
+    }
+
+    // A wrong value in the doc's table or prose is caught.
+    let memory = "| `memory_mb` | 64..=65536 | 256 ";
+    assert!(
+        doc.contains(memory),
+        "the sandbox table's memory_mb row moved"
+    );
+    let broken = doc.replace(memory, "| `memory_mb` | 64..=65536 | 1024 ");
+    assert_eq!(wrong_defaults(&schema, &broken).len(), 1);
+    let broken = doc.replace(
+        "default node timeout, 1800 s",
+        "default node timeout, 600 s",
+    );
+    assert_eq!(wrong_defaults(&schema, &broken).len(), 3);
+}

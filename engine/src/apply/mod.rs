@@ -1,5 +1,6 @@
 //! `voidbox apply`: executes a [`Plan`] — every node in its own fresh micro-VM, data flowing
-//! along the edges (design §4), fan-out branches in parallel and merged as JSON arrays.
+//! along the edges (docs/architecture.md §4), fan-out branches in parallel and merged as JSON
+//! arrays.
 //!
 //! [`scheduler`] drives the DAG on tokio through an [`Executor`](scheduler::Executor)
 //! ([`executor::VmExecutor`] for real VMs); [`data`] holds the merge and input rules; [`report`]
@@ -39,7 +40,7 @@ pub const VM_OVERHEAD_MB: u64 = 32;
 pub enum OutputFormat {
     /// The pipeline's final output (the summary goes to stderr).
     Human,
-    /// The JSON report (version 1, documented in the README).
+    /// The JSON report (version 1, documented in docs/cli.md).
     Json,
 }
 

@@ -1,5 +1,5 @@
-//! Data passing between nodes (design §4): merge rules for fan-out groups and multi-sink
-//! workflows, a node's `input.json` / stdin, and the per-node output cap.
+//! Data passing between nodes (docs/architecture.md §4): merge rules for fan-out groups and
+//! multi-sink workflows, a node's `input.json` / stdin, and the per-node output cap.
 
 use serde_json::Value;
 
