@@ -380,8 +380,10 @@ fn an_interactive_agent_opens_claude_code_through_the_gateway() {
     /// The image's `WorkingDir` (not in the image: made at start, as Docker does).
     const IMAGE_WORKDIR: &str = "/srv/vbx-shell-project";
     let registry = Registry::start().expect("registry");
+    // Reproducible: the golden snapshot of its VM is made once, not once per run.
     ImageBuilder::busybox()
         .expect("busybox image")
+        .reproducible()
         .working_dir(IMAGE_WORKDIR)
         .push(&registry, "shell-agent:1")
         .expect("push the image");

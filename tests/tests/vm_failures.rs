@@ -250,8 +250,8 @@ pipeline:
       run: {program: sh, args: [-c, "dd if=/dev/zero of=/tmp/fill bs=1M; t=$?; dd if=/dev/zero of=/workspace/fill bs=1M; w=$?; rm -f /tmp/fill /workspace/fill; echo tmp=$t disk=$w"]}
       timeout_secs: 20
     - name: flood
-      run: {program: sh, args: [-c, "yes out | head -c 3000000; yes err | head -c 3000000 >&2"]}
-      timeout_secs: 60
+      run: {program: sh, args: [-c, "yes out | head -c 1500000; yes err | head -c 1500000 >&2"]}
+      timeout_secs: 120
     - name: vsock
       run: {program: /workspace/probe/vsock-probe}
       sandbox: {mounts: [{host: probe, guest: /workspace/probe, mode: ro}]}

@@ -265,7 +265,11 @@ pub struct ImageBuilder {
     dir: tempfile::TempDir,
     layers: usize,
     config_args: Vec<String>,
+    reproducible: bool,
 }
+
+/// The timestamp a reproducible image carries ([`ImageBuilder::reproducible`]).
+const EPOCH: &str = "1970-01-01T00:00:00Z";
 
 impl ImageBuilder {
     /// An image without layers.
@@ -282,6 +286,7 @@ impl ImageBuilder {
             dir,
             layers: 0,
             config_args: Vec::new(),
+            reproducible: false,
         };
         run(Command::new("umoci")
             .arg("new")
@@ -293,6 +298,16 @@ impl ImageBuilder {
     /// An image whose first layer is [`Layer::busybox_base`].
     pub fn busybox() -> Result<ImageBuilder> {
         ImageBuilder::new()?.layer(Layer::busybox_base()?)
+    }
+
+    /// Makes the pushed image's digest depend on its content only: its config and history
+    /// carry a fixed date instead of the build's. Every run of a test then pushes the same
+    /// digest, so what voidbox caches per image (its erofs disk, the golden and warm
+    /// snapshots of VMs that boot it) is made once and reused by later runs, as it is for
+    /// an image a user pulls again.
+    pub fn reproducible(mut self) -> ImageBuilder {
+        self.reproducible = true;
+        self
     }
 
     fn image_arg(&self) -> String {
@@ -313,8 +328,10 @@ impl ImageBuilder {
 
     /// Appends an uncompressed tar archive as a layer, verbatim.
     pub fn layer_tar(mut self, tar: &Path) -> Result<ImageBuilder> {
+        // The layer's history entry has a fixed date (the image's own `created` decides
+        // whether its digest is reproducible).
         run(Command::new("umoci")
-            .args(["raw", "add-layer", "--image"])
+            .args(["raw", "add-layer", "--history.created", EPOCH, "--image"])
             .arg(self.image_arg())
             .arg(tar))?;
         self.layers += 1;
@@ -365,6 +382,12 @@ impl ImageBuilder {
     /// Pushes the image to `registry` as `name:tag` (with the registry's credentials when it
     /// has some) and returns the manifest digest.
     pub fn push(&mut self, registry: &Registry, name_tag: &str) -> Result<String> {
+        if self.reproducible {
+            self.config_args.extend([
+                format!("--created={EPOCH}"),
+                format!("--history.created={EPOCH}"),
+            ]);
+        }
         if !self.config_args.is_empty() {
             run(Command::new("umoci")
                 .arg("config")
