@@ -1,4 +1,4 @@
-//! The guest policy every VM gets (design §6, §7 layer 4): sent with the authenticated
+//! The guest policy every VM gets (docs/architecture.md §6, §7 layer 4): sent with the authenticated
 //! handshake right after the re-key, before the first request is served.
 //!
 //! * Allowlist: the programs the guest agent may execute for the node — its own program
