@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use voidbox::image::ProgressMode;
-use voidbox::sandbox::{check_kvm, GuestImage, SandboxConfig, VmmLauncher, VMM_SUBCOMMAND};
+use voidbox::sandbox::{check_kvm, GuestImage, Sandbox, SandboxConfig, SandboxError};
+use voidbox::sandbox::{VmmLauncher, VMM_SUBCOMMAND};
+use voidbox_protocol::{ExecRequest, OutputStream};
 
 /// The guest image, or `None` when VM tests are skipped (`VOIDBOX_SKIP_VM_TESTS=1`).
 /// Panics when KVM is unusable or the image cannot be built.
@@ -63,4 +65,25 @@ pub fn child_pids(parent: u32) -> Vec<u32> {
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Runs `sh -c SCRIPT` in `sb`: its (stdout, stderr, exit code), or why it could not run.
+pub fn sh(sb: &mut Sandbox, script: &str) -> Result<(String, String, Option<i32>), SandboxError> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let r = sb.exec(
+        ExecRequest {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..ExecRequest::default()
+        },
+        &mut |s, d| match s {
+            OutputStream::Stdout => out.extend_from_slice(d),
+            OutputStream::Stderr => err.extend_from_slice(d),
+        },
+    )?;
+    Ok((
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+        r.exit_code,
+    ))
 }

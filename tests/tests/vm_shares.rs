@@ -10,32 +10,14 @@ use std::sync::Arc;
 use voidbox::sandbox::shares::Share;
 use voidbox::sandbox::{Sandbox, SandboxError};
 use voidbox::snapshot::{CreateOptions, Snapshots};
-use voidbox_protocol::{ErrorCode, ExecRequest, OutputStream};
+use voidbox_protocol::ErrorCode;
 use voidbox_tests::vm::{guest_image, sandbox_config};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 
 /// Runs `script` with `sh -c`; returns (stdout, stderr, exit code).
 fn sh(sb: &mut Sandbox, script: &str) -> (String, String, Option<i32>) {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let r = sb
-        .exec(
-            ExecRequest {
-                program: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                ..ExecRequest::default()
-            },
-            &mut |s, d| match s {
-                OutputStream::Stdout => out.extend_from_slice(d),
-                OutputStream::Stderr => err.extend_from_slice(d),
-            },
-        )
-        .unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
-    (
-        String::from_utf8_lossy(&out).into_owned(),
-        String::from_utf8_lossy(&err).into_owned(),
-        r.exit_code,
-    )
+    voidbox_tests::vm::sh(sb, script).unwrap_or_else(|e| panic!("exec {script:?}: {e}"))
 }
 
 #[test]

@@ -10,29 +10,16 @@ use std::time::{Duration, SystemTime};
 use voidbox::sandbox::guest::{try_connect, AGENT_PORT};
 use voidbox::sandbox::{GuestConn, RestoreFrom, Sandbox, SandboxConfig, SandboxError};
 use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Snapshots, Store};
-use voidbox_protocol::{ExecRequest, OutputStream, SessionSecret};
+use voidbox_protocol::SessionSecret;
 use voidbox_tests::vm::{guest_image, sandbox_config};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
 
 fn sh(sb: &mut Sandbox, script: &str) -> String {
-    let mut out = Vec::new();
-    let r = sb
-        .exec(
-            ExecRequest {
-                program: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                ..ExecRequest::default()
-            },
-            &mut |s, d| {
-                if s == OutputStream::Stdout {
-                    out.extend_from_slice(d)
-                }
-            },
-        )
-        .unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
-    assert_eq!(r.exit_code, Some(0), "{script:?}: {r:?}");
-    String::from_utf8_lossy(&out).into_owned()
+    let (out, err, code) =
+        voidbox_tests::vm::sh(sb, script).unwrap_or_else(|e| panic!("exec {script:?}: {e}"));
+    assert_eq!(code, Some(0), "{script:?}: {err}");
+    out
 }
 
 fn refused(sb: &Sandbox, secret: &SessionSecret) -> bool {

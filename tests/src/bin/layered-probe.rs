@@ -23,7 +23,6 @@ use voidbox::image::{Cache, Profile};
 use voidbox::sandbox::{GuestImage, RestoreFrom, Sandbox, SandboxConfig, SandboxError};
 use voidbox::sandbox::{VmmLauncher, VMM_SUBCOMMAND};
 use voidbox::snapshot::{ensure_golden, CreateOptions, GoldenSpec, Store};
-use voidbox_protocol::{ExecRequest, OutputStream};
 
 /// Where the marker goes in the guest (its memory-backed workspace).
 const MARKER: &str = "/workspace/layered-probe.marker";
@@ -314,29 +313,12 @@ fn marker() -> Result<Vec<u8>> {
 
 /// Runs `script` with `sh -c`; its stdout, or why it failed.
 fn sh(sb: &mut Sandbox, script: &str) -> Result<String> {
-    let mut out = Vec::new();
-    let mut err = Vec::new();
-    let r = sb
-        .exec(
-            ExecRequest {
-                program: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                ..ExecRequest::default()
-            },
-            &mut |s, d| match s {
-                OutputStream::Stdout => out.extend_from_slice(d),
-                _ => err.extend_from_slice(d),
-            },
-        )
-        .map_err(|e| format!("exec {script:?}: {e}"))?;
-    if r.exit_code != Some(0) {
-        return Err(format!(
-            "exec {script:?} exited {:?}: {}",
-            r.exit_code,
-            String::from_utf8_lossy(&err).trim()
-        ));
+    let (out, err, code) =
+        voidbox_tests::vm::sh(sb, script).map_err(|e| format!("exec {script:?}: {e}"))?;
+    if code != Some(0) {
+        return Err(format!("exec {script:?} exited {code:?}: {}", err.trim()));
     }
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    Ok(out)
 }
 
 /// Why the VMM refused to restore `cfg`'s snapshot (`what`), or an error when it did not.
