@@ -3,14 +3,10 @@
 //! Each test starts its own agent (`--root` in a temp dir); the tests run as root here and
 //! in CI, so children really are dropped to uid/gid 1000.
 
-mod common;
-/// Held execs (a module of this binary, not a test binary of its own).
-mod held;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use voidbox_protocol::blocking::{read_message, write_message};
 use voidbox_protocol::*;
 

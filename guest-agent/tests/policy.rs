@@ -2,11 +2,9 @@
 //! handshake), and inputs larger than one protocol frame, against the agent as a host
 //! process.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use voidbox_protocol::*;
 
 /// What the engine sends a command box running `sh` (see `engine/src/apply/policy.rs`).

@@ -5,12 +5,10 @@
 //! The host's RNG and clock are never touched: rotation is tested with
 //! `--rekey secret-only`, and `--rekey system` only where it must fail (unprivileged).
 
-mod common;
-
 use std::os::unix::net::UnixStream;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use voidbox_protocol::blocking::{client_handshake, read_message, write_message};
 use voidbox_protocol::*;
 

@@ -4,13 +4,11 @@
 //! `Ping`; the old secret is refused; a stale, torn or hostile page leaves an agent that
 //! accepts no secret and says why.
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use voidbox_protocol::blocking::read_message;
 use voidbox_protocol::restore_page::{self, RestoreGrant, HEADER_LEN, LEN};
 use voidbox_protocol::*;

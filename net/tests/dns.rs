@@ -2,12 +2,10 @@
 //! with id mapping, answers in denied ranges, `allow_domains` and pinning, DNS over TCP,
 //! upstream failures.
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{RData, RecordType};
 use smoltcp::socket::tcp::State;

@@ -2,13 +2,11 @@
 //! allowed host ports and nothing else; DNS questions are answered REFUSED and never
 //! forwarded. Real host sockets, a real resolver (dnsmasq) and a smoltcp guest stack.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use smoltcp::socket::tcp::State;

@@ -1,12 +1,10 @@
 //! The NAT driven with raw Ethernet frames: ARP, ICMP, denials (immediate RST or ICMP), caps
 //! and the rate limit, UDP, malformed frames, bounded queue.
 
-mod common;
-
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use smoltcp::wire::TcpControl;
 use voidbox_net::{
     reasons, NetworkPolicy, Protocol, DNS_IP, GATEWAY_IP, GATEWAY_MAC, TO_GUEST_QUEUE,

@@ -1,14 +1,12 @@
 //! Replays the cargo-fuzz seed corpus (`net/fuzz/corpus/nat_frames`) through the code the
 //! fuzz target runs, so regressions show up in a plain `cargo test`; checks what the named
-//! seeds must do. `VOIDBOX_WRITE_NET_CORPUS=1 cargo test -p voidbox-net --test fuzz_corpus
-//! -- --ignored` rewrites the seeds.
-
-mod common;
+//! seeds must do. `VOIDBOX_WRITE_NET_CORPUS=1 cargo test -p voidbox-net --test net --
+//! fuzz_corpus::write_corpus --ignored` rewrites the seeds.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use hickory_proto::rr::RecordType;
 use smoltcp::wire::TcpControl;
 use voidbox_net::fuzz::{nat_frames, FuzzReport};

@@ -3,13 +3,11 @@
 //! closes the host connection; a host address in use fails the NAT when it is built; the
 //! egress policy (here: none at all) does not apply to inbound connections.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use common::{pattern, Harness};
+use crate::common::{pattern, Harness};
 use smoltcp::socket::tcp;
 use voidbox_net::{Nat, NatConfig, NatError, NetworkPolicy, Publish, DEFAULT_GUEST_MAC};
 

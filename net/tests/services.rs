@@ -4,14 +4,12 @@
 //! guest A's listener both ways with half-close. Also: a port the service does not list, a
 //! socket nobody listens on, names that are not services, and config errors.
 
-mod common;
-
 use std::net::Ipv4Addr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{RData, RecordType};
 use smoltcp::socket::tcp::{self, State};

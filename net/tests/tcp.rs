@@ -1,8 +1,6 @@
 //! TCP through the NAT with a real TCP implementation on both sides: a smoltcp interface as
 //! the guest, real host sockets on loopback.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use smoltcp::socket::tcp::State;
 use voidbox_net::{NetworkPolicy, GATEWAY_IP, TCP_BUFFER, TO_GUEST_QUEUE};
 

@@ -2,7 +2,8 @@
 //! credentials from Docker's `config.json` and from the environment.
 //!
 //! Credentials are read from the process environment (`DOCKER_CONFIG`, `HOME`,
-//! `VOIDBOX_REGISTRY_*`), so everything here runs as one test, step by step.
+//! `VOIDBOX_REGISTRY_*`), so everything here runs as one test, step by step, in a process of
+//! its own: the other modules of this test binary pull too, and must not see these settings.
 
 use base64::Engine as _;
 use voidbox_oci::testing::{file_image, require_tools, Registry};
@@ -46,6 +47,9 @@ fn assert_refused_without_secret(err: &OciError, secret: &str) {
 
 #[tokio::test]
 async fn basic_and_token_auth_with_config_json_and_environment() {
+    if !crate::in_own_process("auth::basic_and_token_auth_with_config_json_and_environment") {
+        return;
+    }
     require_tools().unwrap();
     let home = tempfile::tempdir().unwrap();
     std::env::set_var("HOME", home.path());

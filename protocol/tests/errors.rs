@@ -1,10 +1,9 @@
 //! Every decoder error path: oversized, truncated, unknown type, malformed payloads,
 //! trailing garbage, and the fatal / recoverable classification.
 
-mod common;
-
 use std::io::{self, Cursor, Read};
 
+use crate::common;
 use voidbox_protocol::blocking::{read_frame, read_message, write_message};
 use voidbox_protocol::*;
 

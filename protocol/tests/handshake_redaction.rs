@@ -1,7 +1,5 @@
 //! Handshake (blocking, over a real socket pair), secret handling and `Debug` redaction.
 
-mod common;
-
 use std::os::unix::net::UnixStream;
 use std::thread;
 

@@ -1,10 +1,9 @@
 //! Round-trip tests: every message type survives encode → decode unchanged, through every
 //! entry point (buffer, exact, incremental, blocking I/O, frames).
 
-mod common;
-
 use std::io::Cursor;
 
+use crate::common;
 use proptest::prelude::*;
 use voidbox_protocol::blocking::{read_frame, read_message, write_message};
 use voidbox_protocol::*;

@@ -1,12 +1,10 @@
-#![cfg(feature = "tokio")]
 //! Tokio adapter: async frame I/O, codecs, and request-id multiplexing of interleaved
 //! responses over one connection.
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common;
 use bytes::BytesMut;
 use futures_like::collect_all;
 use tokio::io::{duplex, split};

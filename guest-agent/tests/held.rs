@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::common::*;
+use crate::common::*;
 use voidbox_protocol::*;
 
 /// Holds `req` as `name` and expects the `Ack`.
