@@ -21,7 +21,6 @@ use serde_json::Value;
 use voidbox::sandbox::disks::{DiskRole, ImageDisk, VmDisks};
 use voidbox::sandbox::Sandbox;
 use voidbox_oci::testing::{file_image, ImageBuilder, Layer, Registry};
-use voidbox_protocol::{ExecRequest, OutputStream};
 use voidbox_tests::vm::{guest_image, sandbox_config};
 
 const VOIDBOX: &str = env!("CARGO_BIN_EXE_voidbox-under-test");
@@ -236,23 +235,8 @@ fn oci_skills_are_mounted_read_only_or_with_a_scratch_overlay() {
     let script = "cat /etc/image-marker; cat /skills/ro/SKILL.md; \
                   if touch /skills/ro/x 2>/dev/null; then echo ro-writable; else echo ro-refused; fi; \
                   echo note > /opt/scratch/new && cat /opt/scratch/new; cat /opt/scratch/SKILL.md";
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let r = sb
-        .exec(
-            ExecRequest {
-                program: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                ..ExecRequest::default()
-            },
-            &mut |s, d| match s {
-                OutputStream::Stdout => out.extend_from_slice(d),
-                OutputStream::Stderr => err.extend_from_slice(d),
-            },
-        )
-        .expect("exec");
-    let stdout = String::from_utf8_lossy(&out).into_owned();
-    let stderr = String::from_utf8_lossy(&err).into_owned();
-    assert_eq!(r.exit_code, Some(0), "{stdout}\n{stderr}");
+    let (stdout, stderr, code) = voidbox_tests::vm::sh(&mut sb, script).expect("exec");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert_eq!(
         stdout, "root-image\n# a skill\nro-refused\nnote\n# a skill\n",
         "stderr: {stderr}"
