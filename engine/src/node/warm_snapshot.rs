@@ -201,7 +201,7 @@ pub fn ensure_warm(
             &key[..12],
             spec.golden.memory_mb,
         ));
-        create(store, spec, opts, max_bytes, notice, cancelled)?;
+        create(store, spec, &key, opts, max_bytes, notice, cancelled)?;
         created = true;
         for gone in store.evict(max_bytes, &key) {
             notice(&format!(
@@ -289,17 +289,18 @@ fn new_token() -> Result<String, SandboxError> {
     Ok(format!("vbx-{}", hex::encode(bytes)))
 }
 
-/// Creates the warm entry of `spec` (call with its exclusive lock held): restores the base,
-/// starts the runtime, waits for it to settle, snapshots the diff.
+/// Creates the warm entry of `spec` under `key` (its [`WarmSpec::key`]; call with its
+/// exclusive lock held): restores the base, starts the runtime, waits for it to settle,
+/// snapshots the diff.
 fn create(
     store: &Store,
     spec: &WarmSpec,
+    key: &str,
     opts: &CreateOptions,
     max_bytes: u64,
     notice: &dyn Fn(&str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<(), SandboxError> {
-    let key = spec.key();
     let base = ensure_golden_until(store, &spec.golden, opts, max_bytes, notice, cancelled)?;
     let token = new_token()?;
     // The creator reaches nothing: the runtime makes no request before its prompt.
@@ -324,7 +325,7 @@ fn create(
     let secret = sb.secret().clone();
     drop(sb);
     let meta = crate::snapshot::Meta {
-        key: key.clone(),
+        key: key.to_string(),
         image_hash: spec.golden.image.hash.clone(),
         image_key: image_key(
             &spec.golden.image,
@@ -358,7 +359,7 @@ fn create(
     crate::snapshot::store::write_entry_files(staging.path(), &secret, &meta).map_err(env)?;
     write_token(staging.path(), &token)?;
     drop(base);
-    store.install(staging, &key).map_err(env)?;
+    store.install(staging, key).map_err(env)?;
     Ok(())
 }
 
